@@ -1,0 +1,32 @@
+"""The ``moeproxy`` command line.
+
+Each sub-command lives in its own module under :mod:`moeproxy.cli` and exposes
+``register(app)``; the table below is the whole registry.  Modules import heavy
+libraries (torch, transformers) inside their command functions so that
+``moeproxy --help`` and the light service install never need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+# Registry: module name under moeproxy.cli -> nothing else to know.
+COMMAND_MODULES: tuple[str, ...] = (
+)
+
+app = typer.Typer(
+    name="moeproxy",
+    help="Diagnose RL post-training runs of MoE LLMs and reproduce faults on proxy models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"moeproxy.cli.{_name}").register(app)
+
+
+def main() -> None:
+    app()

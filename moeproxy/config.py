@@ -1,0 +1,36 @@
+"""Settings read from the environment (``MOEPROXY_`` prefix, SPEC section 5)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("moeproxy", appauthor=False))
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{default_data_dir() / 'moeproxy.db'}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MOEPROXY_", extra="ignore")
+
+    database_url: str = Field(default_factory=default_database_url)
+    slack_webhook_url: str | None = None
+    webhook_url: str | None = None  # generic JSON webhook, same events as Slack
+    public_url: str = "http://127.0.0.1:8000"
+    fingerprints: Path | None = None  # library path; None = the shipped library
+    ui_token: str | None = None
+    triage_interval_s: float = Field(default=10.0, ge=0)
+    data_dir: Path = Field(default_factory=default_data_dir)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
