@@ -1,0 +1,168 @@
+"""Canonical metric vocabulary and the framework aliases that map onto it (SPEC section 4).
+
+The table is data: the service seeds it into its ``metric_aliases`` table and users extend it
+there. Names not in the table are kept as they are (they are still usable, just not matched
+across frameworks). The reproduction engine logs under verl's names, so a fingerprint and a
+verl production run speak the same language without any mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MetricAlias:
+    framework: str  # "verl", "trl", "openrlhf", "mindspeed_rl", or "*" for any framework
+    name: str  # the name as the framework logs it
+    canonical: str
+
+
+@dataclass(frozen=True, slots=True)
+class CanonicalMetric:
+    name: str
+    description: str
+
+
+CANONICAL_METRICS: dict[str, CanonicalMetric] = {
+    m.name: m
+    for m in (
+        CanonicalMetric("reward_mean", "mean sequence reward (score) of the rollout batch"),
+        CanonicalMetric("kl", "KL between the policy and the reference (or old) policy"),
+        CanonicalMetric("ppo_kl", "approximate KL between the current and the rollout-time policy"),
+        CanonicalMetric("rollout_train_logp_diff", "mean discrepancy between rollout and trainer log-probs"),
+        CanonicalMetric("rollout_train_logp_diff_max", "max discrepancy between rollout and trainer log-probs"),
+        CanonicalMetric("importance_ratio", "mean importance ratio trainer/rollout"),
+        CanonicalMetric("reward_component", "mean of one reward function's component"),
+        CanonicalMetric("reward_std", "standard deviation of the rollout batch rewards"),
+        CanonicalMetric("entropy", "mean token entropy of the policy"),
+        CanonicalMetric("grad_norm", "actor gradient norm before clipping"),
+        CanonicalMetric("pg_loss", "policy-gradient loss"),
+        CanonicalMetric("clip_frac", "fraction of tokens whose ratio was clipped"),
+        CanonicalMetric("response_length", "mean response length in tokens"),
+        CanonicalMetric("lr", "actor learning rate"),
+        CanonicalMetric("advantage_mean", "mean advantage"),
+        CanonicalMetric("routing_agreement", "share of tokens whose rollout and trainer top-k experts agree"),
+        CanonicalMetric("expert_entropy", "expert-utilisation entropy (MoE)"),
+    )
+}
+
+_TABLE: dict[str, dict[str, tuple[str, ...]]] = {
+    # canonical -> framework -> names (SPEC section 4, extended from the frameworks' logging code:
+    # verl compute_data_metrics / rollout-correction metrics, TRL GRPOTrainer._metrics, OpenRLHF).
+    "reward_mean": {
+        "verl": ("critic/score/mean", "critic/rewards/mean"),
+        "trl": ("reward",),
+        "openrlhf": ("train/reward",),
+        "mindspeed_rl": ("grpo/score/mean",),
+    },
+    "reward_std": {"trl": ("reward_std",), "verl": ("critic/score/std",)},
+    "kl": {
+        "verl": ("actor/kl_loss",),
+        "trl": ("kl",),
+        "openrlhf": ("train/kl",),
+        "mindspeed_rl": ("actor/kl_loss",),
+    },
+    "ppo_kl": {
+        "verl": ("actor/ppo_kl",),
+        "openrlhf": ("train/ppo_kl",),
+        "mindspeed_rl": ("actor/ppo_kl",),
+    },
+    "rollout_train_logp_diff": {
+        "verl": (
+            "training/rollout_probs_diff_mean",
+            "rollout_corr/kl",
+            "rollout_corr/k3_kl",
+            "rollout_corr/log_ppl_diff",
+        ),
+        "trl": ("sampling/sampling_logp_difference/mean",),
+        "openrlhf": ("train/vllm_kl",),
+    },
+    "rollout_train_logp_diff_max": {
+        "verl": ("training/rollout_probs_diff_max",),
+        "trl": ("sampling/sampling_logp_difference/max",),
+    },
+    "importance_ratio": {
+        "verl": ("rollout_corr/rollout_is_mean",),
+        "trl": ("sampling/importance_sampling_ratio/mean",),
+    },
+    "entropy": {
+        "verl": ("actor/entropy",),
+        "trl": ("entropy",),
+        "openrlhf": ("train/entropy_loss",),
+        "mindspeed_rl": ("actor/entropy",),
+    },
+    "grad_norm": {
+        "verl": ("actor/grad_norm",),
+        "trl": ("grad_norm",),
+        "openrlhf": ("train/actor_grad_norm",),
+        "mindspeed_rl": ("grad_norm",),
+    },
+    "pg_loss": {
+        "verl": ("actor/pg_loss",),
+        "trl": ("loss",),
+        "openrlhf": ("train/policy_loss",),
+        "mindspeed_rl": ("actor/pg_loss",),
+    },
+    "clip_frac": {
+        "verl": ("actor/pg_clipfrac",),
+        "trl": ("clip_ratio/region_mean",),
+        "openrlhf": ("train/ppo_clip_ratio",),
+        "mindspeed_rl": ("actor/pg_clipfrac",),
+    },
+    "response_length": {
+        "verl": ("response_length/mean",),
+        "trl": ("completions/mean_length",),
+        "openrlhf": ("train/response_length",),
+    },
+    "lr": {
+        "verl": ("actor/lr",),
+        "trl": ("learning_rate",),
+        "openrlhf": ("train/actor_lr",),
+        "mindspeed_rl": ("actor/lr",),
+    },
+    "advantage_mean": {"verl": ("critic/advantages/mean",)},
+    "routing_agreement": {"verl": ("moe/routing_agreement",)},
+    "expert_entropy": {"verl": ("moe/expert_entropy",)},
+}
+
+DEFAULT_ALIASES: tuple[MetricAlias, ...] = tuple(
+    MetricAlias(framework, name, canonical)
+    for canonical, by_framework in _TABLE.items()
+    for framework, names in by_framework.items()
+    for name in names
+)
+
+# TRL logs one reward component per reward function as rewards/<function>/mean.
+REWARD_COMPONENT_PREFIX = "rewards/"
+REWARD_COMPONENT_SUFFIX = "/mean"
+
+
+def alias_index(aliases: Iterable[MetricAlias], framework: str | None = None) -> dict[str, str]:
+    """name -> canonical for one framework (aliases of every framework when None).
+
+    A framework's own entries win over entries of other frameworks: "loss" is TRL's pg_loss,
+    but must not rename a metric called "loss" from an unrelated loop when the framework is known.
+    """
+    index: dict[str, str] = {}
+    own: dict[str, str] = {}
+    for alias in aliases:
+        if framework is None or alias.framework in ("*", framework):
+            own[alias.name] = alias.canonical
+        else:
+            index.setdefault(alias.name, alias.canonical)
+    if framework is not None:
+        # Only unambiguous names from other frameworks are borrowed.
+        index = {k: v for k, v in index.items() if k not in own}
+    index.update(own)
+    return index
+
+
+def canonical_name(name: str, index: Mapping[str, str]) -> str:
+    """The canonical name of a logged metric, or the name itself when unknown."""
+    if name in index:
+        return index[name]
+    if name.startswith(REWARD_COMPONENT_PREFIX) and name.endswith(REWARD_COMPONENT_SUFFIX):
+        return "reward_component/" + name[len(REWARD_COMPONENT_PREFIX) : -len(REWARD_COMPONENT_SUFFIX)]
+    return name
