@@ -140,23 +140,16 @@ REWARD_COMPONENT_SUFFIX = "/mean"
 
 
 def alias_index(aliases: Iterable[MetricAlias], framework: str | None = None) -> dict[str, str]:
-    """name -> canonical for one framework (aliases of every framework when None).
+    """name -> canonical for one framework, or for every framework when it is not known.
 
-    A framework's own entries win over entries of other frameworks: "loss" is TRL's pg_loss,
-    but must not rename a metric called "loss" from an unrelated loop when the framework is known.
+    A known framework uses only its own (and ``"*"``) entries: "loss" is TRL's pg_loss, but a
+    metric called "loss" from another framework's run must not be renamed on TRL's behalf.
     """
-    index: dict[str, str] = {}
-    own: dict[str, str] = {}
-    for alias in aliases:
-        if framework is None or alias.framework in ("*", framework):
-            own[alias.name] = alias.canonical
-        else:
-            index.setdefault(alias.name, alias.canonical)
-    if framework is not None:
-        # Only unambiguous names from other frameworks are borrowed.
-        index = {k: v for k, v in index.items() if k not in own}
-    index.update(own)
-    return index
+    return {
+        alias.name: alias.canonical
+        for alias in aliases
+        if framework is None or alias.framework in ("*", framework)
+    }
 
 
 def canonical_name(name: str, index: Mapping[str, str]) -> str:
