@@ -14,6 +14,7 @@ import typer
 
 # Registry: module name under moeproxy.cli -> nothing else to know.
 COMMAND_MODULES: tuple[str, ...] = (
+    "plan",
 )
 
 app = typer.Typer(
@@ -23,6 +24,14 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _root() -> None:
+    # A callback keeps typer in group mode even while only one command is
+    # registered (otherwise `moeproxy plan ...` would reject "plan").
+    pass
+
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"moeproxy.cli.{_name}").register(app)
