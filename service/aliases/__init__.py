@@ -1,0 +1,1 @@
+"""Metric aliases: framework metric name -> canonical name (SPEC section 4), seeded and user-extended."""

@@ -1,0 +1,89 @@
+"""The FastAPI application factory.
+
+``create_app()`` builds the app from :class:`moeproxy.config.Settings`
+(``MOEPROXY_DATABASE_URL`` ...).  Run it with
+``uvicorn --factory moeproxy.service.app:create_app`` or ``moeproxy serve``
+(which also upgrades the database first).  The app does *not* migrate on its
+own: several workers or replicas would race; ``moeproxy serve`` /
+``moeproxy db upgrade`` do it once, under a lock on PostgreSQL.
+
+Routers are a registry: each module in ``ROUTER_MODULES`` exposes ``router``;
+adding a domain is adding its module name.  Startup/shutdown work of other
+domains goes into ``LIFESPAN_HOOKS`` (module names exposing
+``lifespan(app)``, an async context manager).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+import moeproxy
+from moeproxy.config import Settings, get_settings
+from moeproxy.service.db import Database
+from moeproxy.service.errors import NotAuthenticated, ServiceError
+
+log = logging.getLogger(__name__)
+
+ROUTER_MODULES: tuple[str, ...] = (
+    "moeproxy.service.health",
+    "moeproxy.service.tokens.router",
+    "moeproxy.service.runs.router",
+    "moeproxy.service.metrics.router",
+    "moeproxy.service.aliases.router",
+)
+
+LIFESPAN_HOOKS: tuple[str, ...] = ()
+
+
+def create_app(settings: Settings | None = None, *, database: Database | None = None) -> FastAPI:
+    """The service.  ``database`` overrides the one built from ``settings.database_url`` (tests)."""
+    settings = settings or get_settings()
+    owns_database = database is None
+    database = database or Database(settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            for name in LIFESPAN_HOOKS:
+                await stack.enter_async_context(importlib.import_module(name).lifespan(app))
+            yield
+        if owns_database:
+            database.dispose()
+
+    app = FastAPI(
+        title="moeproxy",
+        version=moeproxy.__version__,
+        description="Metric ingestion and fault triage for RL post-training runs of MoE LLMs.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.database = database
+    for name in ROUTER_MODULES:
+        app.include_router(importlib.import_module(name).router)
+    _install_error_handlers(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, NotAuthenticated) else None
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own shape (a list of {loc, msg, type}), minus the echoed input, which can be huge.
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse({"detail": "internal server error"}, status_code=500)

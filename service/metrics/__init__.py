@@ -1,0 +1,1 @@
+"""Metric points: bulk idempotent ingestion and reads (SPEC section 5)."""

@@ -1,0 +1,203 @@
+"""Metric storage: bulk idempotent upsert and reads.  Functions take a session and never commit.
+
+Write path (one transaction, driven by the caller's unit of work):
+
+1. resolve the batch's metric names to ids in ``metric_names`` (one SELECT;
+   an INSERT .. ON CONFLICT DO NOTHING only for names the run has not logged yet);
+2. write the points keyed on (metric_id, step):
+
+   * PostgreSQL: binary ``COPY`` straight into ``metric_points`` inside a
+     SAVEPOINT, the fast path for points never sent before (the usual case).
+     If any point already exists the COPY fails with a unique violation, the
+     savepoint is rolled back and the batch goes through
+     ``INSERT .. SELECT FROM unnest(...) ON CONFLICT DO UPDATE`` (last value wins);
+   * SQLite: ``executemany`` of ``INSERT .. ON CONFLICT DO UPDATE``.
+
+NaN is stored as NULL (see metrics/models.py); read functions turn it back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from moeproxy.service import events
+from moeproxy.service.db import is_sqlite
+from moeproxy.service.metrics.codec import ParsedBatch
+from moeproxy.service.metrics.models import MetricName, MetricPoint
+from moeproxy.service.runs.models import Run
+
+_PG_UPSERT = (
+    "INSERT INTO metric_points (metric_id, step, value) "
+    "SELECT * FROM unnest(%s::integer[], %s::bigint[], %s::float8[]) "
+    "ON CONFLICT (metric_id, step) DO UPDATE SET value = EXCLUDED.value"
+)
+_SQLITE_UPSERT = (
+    "INSERT INTO metric_points (metric_id, step, value) VALUES (?, ?, ?) "
+    "ON CONFLICT (metric_id, step) DO UPDATE SET value = excluded.value"
+)
+
+
+def resolve_metric_ids(session: Session, run_id: int, names: Sequence[str]) -> dict[str, int]:
+    """name -> metric id for ``run_id``, creating the names it has not logged before."""
+    ids = _select_ids(session, run_id, names)
+    missing = [n for n in names if n not in ids]
+    if missing:
+        conn = session.connection()
+        if is_sqlite(conn):
+            conn.exec_driver_sql(
+                "INSERT INTO metric_names (run_id, name) VALUES (?, ?) ON CONFLICT (run_id, name) DO NOTHING",
+                [(run_id, n) for n in missing],
+            )
+        else:
+            conn.exec_driver_sql(
+                "INSERT INTO metric_names (run_id, name) SELECT %s, unnest(%s::text[]) "
+                "ON CONFLICT (run_id, name) DO NOTHING",
+                (run_id, missing),
+            )
+        ids.update(_select_ids(session, run_id, missing))
+    return ids
+
+
+def _select_ids(session: Session, run_id: int, names: Sequence[str]) -> dict[str, int]:
+    ids: dict[str, int] = {}
+    for start in range(0, len(names), 500):  # stay under SQLite's bound-parameter limit
+        chunk = list(names[start : start + 500])
+        rows = session.execute(
+            select(MetricName.name, MetricName.id).where(MetricName.run_id == run_id, MetricName.name.in_(chunk))
+        )
+        ids.update((name, id_) for name, id_ in rows)
+    return ids
+
+
+def ingest(session: Session, run: Run, batch: ParsedBatch) -> int:
+    """Upsert ``batch`` into ``run``; returns the number of points written.
+
+    A post-commit :class:`~moeproxy.service.events.MetricsIngested` event is deferred on the session.
+    """
+    if batch.points == 0:
+        return 0
+    ids = resolve_metric_ids(session, run.id, batch.names)
+    metric_ids: list[int] = []
+    steps: list[int] = []
+    values: list[float | None] = []
+    for step, by_name in batch.by_step.items():
+        for name, value in by_name.items():
+            metric_ids.append(ids[name])
+            steps.append(step)
+            values.append(None if value != value else value)
+    if is_sqlite(session):
+        _write_sqlite(session, metric_ids, steps, values)
+    else:
+        _write_postgres(session, metric_ids, steps, values)
+    events.defer(
+        session,
+        events.MetricsIngested(
+            project_id=run.project_id,
+            run_id=run.id,
+            first_step=batch.first_step,
+            last_step=batch.last_step,
+            points=batch.points,
+            names=batch.names,
+        ),
+    )
+    return batch.points
+
+
+def _write_sqlite(session: Session, metric_ids: list[int], steps: list[int], values: list[float | None]) -> None:
+    cursor = session.connection().connection.dbapi_connection.cursor()
+    try:
+        cursor.executemany(_SQLITE_UPSERT, zip(metric_ids, steps, values))
+    finally:
+        cursor.close()
+
+
+def _write_postgres(session: Session, metric_ids: list[int], steps: list[int], values: list[float | None]) -> None:
+    import psycopg.errors  # the PostgreSQL driver; imported here so SQLite-only code paths never need it
+
+    conn = session.connection()
+    try:
+        with session.begin_nested():
+            raw = conn.connection.dbapi_connection
+            with raw.cursor() as cursor:
+                with cursor.copy("COPY metric_points (metric_id, step, value) FROM STDIN (FORMAT BINARY)") as copy:
+                    copy.set_types(["int4", "int8", "float8"])
+                    write = copy.write_row
+                    for row in zip(metric_ids, steps, values):
+                        write(row)
+    except psycopg.errors.UniqueViolation:
+        conn.exec_driver_sql(_PG_UPSERT, (metric_ids, steps, values))
+    except Exception as exc:  # SQLAlchemy may wrap the driver error
+        if isinstance(getattr(exc, "orig", None), psycopg.errors.UniqueViolation):
+            conn.exec_driver_sql(_PG_UPSERT, (metric_ids, steps, values))
+        else:
+            raise
+
+
+def list_metric_names(session: Session, run_id: int) -> list[str]:
+    return list(session.scalars(select(MetricName.name).where(MetricName.run_id == run_id).order_by(MetricName.name)))
+
+
+def read_metrics(
+    session: Session,
+    run_id: int,
+    *,
+    names: Sequence[str] | None = None,
+    after_step: int | None = None,
+) -> dict[str, tuple[list[int], list[float]]]:
+    """name -> (steps, values) in step order; NaN and ±inf come back as floats."""
+    query = (
+        select(MetricName.name, MetricPoint.step, MetricPoint.value)
+        .join(MetricPoint, MetricPoint.metric_id == MetricName.id)
+        .where(MetricName.run_id == run_id)
+        .order_by(MetricName.name, MetricPoint.step)
+    )
+    if names is not None:
+        query = query.where(MetricName.name.in_(list(names)))
+    if after_step is not None:
+        query = query.where(MetricPoint.step > after_step)
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    nan = math.nan
+    for name, step, value in session.execute(query).tuples():
+        series = out.get(name)
+        if series is None:
+            series = out[name] = ([], [])
+        series[0].append(step)
+        series[1].append(nan if value is None else value)
+    return out
+
+
+def read_metric_arrays(
+    session: Session,
+    run_id: int,
+    *,
+    names: Sequence[str] | None = None,
+    after_step: int | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Like :func:`read_metrics` but as numpy arrays (int64 steps, float64 values) for the signature engine."""
+    return {
+        name: (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        for name, (steps, values) in read_metrics(session, run_id, names=names, after_step=after_step).items()
+    }
+
+
+def last_step(session: Session, run_id: int) -> int | None:
+    return session.scalar(
+        select(func.max(MetricPoint.step))
+        .join(MetricName, MetricPoint.metric_id == MetricName.id)
+        .where(MetricName.run_id == run_id)
+    )
+
+
+__all__ = [
+    "ingest",
+    "last_step",
+    "list_metric_names",
+    "read_metric_arrays",
+    "read_metrics",
+    "resolve_metric_ids",
+]

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+
+from moeproxy.service.aliases import repository as aliases
+from moeproxy.service.auth import ProjectDep, SessionDep
+from moeproxy.service.errors import PayloadTooLarge, UnsupportedMediaType
+from moeproxy.service.metrics import repository
+from moeproxy.service.metrics.codec import INGEST_BODY_SCHEMA, MAX_BODY_BYTES, encode_values, parse_ingest_body
+from moeproxy.service.metrics.schemas import IngestResult, MetricNameOut, MetricNamesOut, MetricsOut
+from moeproxy.service.runs import repository as runs
+
+router = APIRouter(prefix="/api/v1/runs/{run_id}/metrics", tags=["metrics"])
+
+
+async def read_limited_body(request: Request) -> bytes:
+    """The raw body, refused with 413 past MAX_BODY_BYTES before it is all read."""
+    content_type = request.headers.get("content-type", "application/json")
+    if "json" not in content_type:
+        raise UnsupportedMediaType(f"expected Content-Type application/json, got {content_type!r}")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"body of {int(declared):,} bytes; the limit is {MAX_BODY_BYTES:,}: split the batch")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"body larger than {MAX_BODY_BYTES:,} bytes: split the batch")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+RawBody = Annotated[bytes, Depends(read_limited_body)]
+
+
+@router.post(
+    "",
+    response_model=IngestResult,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": INGEST_BODY_SCHEMA}}}},
+    responses={413: {"description": "more than 10,000 steps, 1,000,000 points or 64 MiB in one request"}},
+)
+def ingest_metrics(run_id: int, project: ProjectDep, session: SessionDep, body: RawBody) -> IngestResult:
+    """Store points; idempotent on (run, metric, step): a re-sent point overwrites, never duplicates.
+
+    Values may be numbers, the JSON literals ``NaN``/``Infinity``/``-Infinity`` or those strings.
+    """
+    run = runs.get_run(session, project.id, run_id)
+    batch = parse_ingest_body(body)
+    return IngestResult(accepted=repository.ingest(session, run, batch))
+
+
+@router.get("", response_model=MetricsOut)
+def read_metrics(
+    run_id: int,
+    project: ProjectDep,
+    session: SessionDep,
+    names: Annotated[
+        list[str] | None, Query(description="comma-separated metric names (the parameter may repeat)")
+    ] = None,
+    after_step: Annotated[int | None, Query(description="only steps strictly after this one")] = None,
+) -> JSONResponse:
+    """The run's series; non-finite values as the strings "NaN", "Infinity", "-Infinity"."""
+    runs.get_run(session, project.id, run_id)
+    wanted = [n for part in names for n in part.split(",") if n] if names else None
+    series = repository.read_metrics(session, run_id, names=wanted, after_step=after_step)
+    content = {
+        "metrics": {name: {"steps": steps, "values": encode_values(values)} for name, (steps, values) in series.items()}
+    }
+    return JSONResponse(content)
+
+
+@router.get("/names", response_model=MetricNamesOut)
+def metric_names(run_id: int, project: ProjectDep, session: SessionDep) -> MetricNamesOut:
+    """The names the run has logged, each with its canonical name (SPEC section 4)."""
+    run = runs.get_run(session, project.id, run_id)
+    canonical = aliases.canonical_names(session, project.id, run.framework, repository.list_metric_names(session, run.id))
+    return MetricNamesOut(names=[MetricNameOut(name=n, canonical=c) for n, c in canonical.items()])

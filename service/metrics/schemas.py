@@ -1,0 +1,31 @@
+"""Response shapes of the metrics routes (the ingest body is parsed in codec.py; its schema is there)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+NonFinite = Literal["NaN", "Infinity", "-Infinity"]
+
+
+class IngestResult(BaseModel):
+    accepted: int = Field(description="points stored (a step sent twice in one request counts once)")
+
+
+class Series(BaseModel):
+    steps: list[int]
+    values: list[float | NonFinite]
+
+
+class MetricsOut(BaseModel):
+    metrics: dict[str, Series]
+
+
+class MetricNameOut(BaseModel):
+    name: str
+    canonical: str
+
+
+class MetricNamesOut(BaseModel):
+    names: list[MetricNameOut]

@@ -1,0 +1,1 @@
+"""Training runs: one per (project, name); a restarted job resumes its run."""

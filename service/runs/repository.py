@@ -1,0 +1,87 @@
+"""Run storage.  Plain functions taking a session; they never commit."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from moeproxy.service.errors import RunNotFound
+from moeproxy.service.metrics.models import MetricName, MetricPoint
+from moeproxy.service.runs.models import Run, RunStatus
+from moeproxy.service.runs.schemas import RunCreate, RunUpdate
+
+
+def get_run(session: Session, project_id: int, run_id: int) -> Run:
+    """The run, if it belongs to ``project_id``; another project's run is as absent as a missing one."""
+    run = session.scalar(select(Run).where(Run.id == run_id, Run.project_id == project_id))
+    if run is None:
+        raise RunNotFound(run_id)
+    return run
+
+
+def get_run_by_name(session: Session, project_id: int, name: str) -> Run | None:
+    return session.scalar(select(Run).where(Run.project_id == project_id, Run.name == name))
+
+
+def get_or_create_run(session: Session, project_id: int, spec: RunCreate) -> tuple[Run, bool]:
+    """``(run, created)``.  An existing run of that name resumes: it is marked running again and
+    fields it lacks (framework, model) are filled in; its config and tags are kept."""
+    run = get_run_by_name(session, project_id, spec.name)
+    if run is None:
+        candidate = Run(
+            project_id=project_id,
+            name=spec.name,
+            framework=spec.framework,
+            model=spec.model,
+            tags=list(spec.tags),
+            config=dict(spec.config),
+            status=RunStatus.running.value,
+        )
+        try:
+            with session.begin_nested():  # two jobs registering the same name at once
+                session.add(candidate)
+            return candidate, True
+        except IntegrityError:
+            run = get_run_by_name(session, project_id, spec.name)
+            if run is None:
+                raise
+    if run.status != RunStatus.running.value:
+        run.status = RunStatus.running.value
+    run.framework = run.framework or spec.framework
+    run.model = run.model or spec.model
+    session.flush()
+    return run, False
+
+
+def list_runs(session: Session, project_id: int, *, limit: int = 50, offset: int = 0) -> tuple[list[Run], int]:
+    """Newest first, with the total count for pagination."""
+    total = session.scalar(select(func.count()).select_from(Run).where(Run.project_id == project_id)) or 0
+    runs = session.scalars(
+        select(Run)
+        .where(Run.project_id == project_id)
+        .order_by(Run.created_at.desc(), Run.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return list(runs), total
+
+
+def update_run(session: Session, project_id: int, run_id: int, patch: RunUpdate) -> Run:
+    run = get_run(session, project_id, run_id)
+    for field, value in patch.model_dump(exclude_unset=True).items():
+        if value is None and field in ("status", "tags", "config"):
+            continue  # explicit null on a non-nullable field means "leave as is"
+        setattr(run, field, value.value if isinstance(value, RunStatus) else value)
+    session.flush()
+    return run
+
+
+def delete_run(session: Session, project_id: int, run_id: int) -> None:
+    """Delete a run with its metrics (metric_points has no FK cascade: see metrics/models.py)."""
+    run = get_run(session, project_id, run_id)
+    metric_ids = select(MetricName.id).where(MetricName.run_id == run.id).scalar_subquery()
+    session.execute(delete(MetricPoint).where(MetricPoint.metric_id.in_(metric_ids)))
+    session.execute(delete(MetricName).where(MetricName.run_id == run.id))
+    session.delete(run)
+    session.flush()

@@ -1,0 +1,1 @@
+"""Projects and their bearer tokens (stored as SHA-256 hashes)."""
