@@ -15,6 +15,10 @@ import typer
 # Registry: module name under moeproxy.cli -> nothing else to know.
 COMMAND_MODULES: tuple[str, ...] = (
     "plan",
+    "serve",
+    "token",
+    "db",
+    "demo",
 )
 
 app = typer.Typer(

@@ -1,0 +1,90 @@
+"""``moeproxy serve``: upgrade the database, then run the service under uvicorn."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import typer
+
+
+def _wait_ready(base_url: str, timeout_s: float) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _post_demo_when_ready(base_url: str, database_url: str) -> None:
+    """Runs beside the server: wait for /readyz, create a `demo` token, post the demo runs over REST."""
+    from moeproxy.demo import DEMO_PROJECT, post_demo
+    from moeproxy.service.db import Database
+    from moeproxy.service.tokens import repository
+
+    if not _wait_ready(base_url, 60.0):
+        typer.echo(f"demo: the service did not become ready at {base_url}; no demo posted", err=True)
+        return
+    database = Database(database_url)
+    try:
+        with database.scope() as session:
+            _, secret = repository.create_token(session, DEMO_PROJECT, label="serve --demo")
+    finally:
+        database.dispose()
+    try:
+        runs = post_demo(base_url, secret, progress=lambda m: typer.echo(f"demo: {m}"))
+    except Exception as exc:  # the server keeps running; say what went wrong
+        typer.echo(f"demo: posting failed: {exc}", err=True)
+        return
+    for run in runs:
+        typer.echo(f"demo: {run['name']}: {base_url}/runs/{run['id']}")
+    typer.echo(f"demo: token for project '{DEMO_PROJECT}': {secret}")
+    typer.echo(f"Open {base_url}/  (synthetic demo data; Ctrl-C stops the service)")
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", help="interface to bind (0.0.0.0 in a container)"),
+    port: int = typer.Option(8000, help="TCP port"),
+    workers: int = typer.Option(1, min=1, help="uvicorn worker processes (PostgreSQL: about one per core)"),
+    database_url: str | None = typer.Option(
+        None, "--database-url", help="overrides MOEPROXY_DATABASE_URL (default: a SQLite file in the user data dir)"
+    ),
+    demo: bool = typer.Option(False, "--demo", help="once ready, post two synthetic demo runs through the REST API"),
+    upgrade: bool = typer.Option(True, "--upgrade/--no-upgrade", help="apply database migrations before starting"),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+) -> None:
+    """Run the REST API, OpenAPI docs (/docs) and triage pages."""
+    import uvicorn
+
+    from moeproxy.cli.db import resolve_url, upgrade_database
+    from moeproxy.config import get_settings
+
+    if database_url:
+        os.environ["MOEPROXY_DATABASE_URL"] = database_url  # worker processes read it too
+        get_settings.cache_clear()
+    url = resolve_url(database_url)
+    if upgrade:
+        upgrade_database(url)
+    base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    if demo:
+        threading.Thread(target=_post_demo_when_ready, args=(base_url, url), daemon=True).start()
+    typer.echo(f"moeproxy serving on {base_url} (database: {url.split('@')[-1]})")
+    uvicorn.run(
+        "moeproxy.service.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
