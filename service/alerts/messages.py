@@ -1,0 +1,129 @@
+"""What an alert says, and how each channel renders it (Slack Block Kit, plain JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Slack limits (Block Kit reference): section text 3000 chars, header 150, 10 fields, 50 blocks.
+_SECTION_MAX = 3000
+_HEADER_MAX = 150
+EVIDENCE_LINES = 3
+TOP_CLASSES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class RankedClass:
+    fault_class: str
+    family: str
+    score: float
+    strength: str
+
+
+@dataclass(frozen=True, slots=True)
+class AlertMessage:
+    """One alert: ``fault_class`` became strong (``level`` 1) or escalated (``level`` 2 = ranked first)."""
+
+    run_id: int
+    run_name: str
+    project: str
+    fault_class: str
+    family: str
+    score: float
+    strength: str
+    level: int
+    verdict: str
+    evaluated_at: str  # ISO 8601
+    url: str
+    last_step: int | None = None
+    evidence: tuple[str, ...] = ()
+    top: tuple[RankedClass, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["evidence"] = list(self.evidence)
+        data["top"] = [asdict(t) for t in self.top]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AlertMessage:
+        data = dict(data)
+        data["evidence"] = tuple(data.get("evidence", ()))
+        data["top"] = tuple(RankedClass(**t) for t in data.get("top", ()))
+        return cls(**data)
+
+
+LEVEL_WORDS = {1: "became strong", 2: "is now the most likely fault"}
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _escape(text: str) -> str:
+    # mrkdwn control characters (Slack "Formatting text for app surfaces").
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def summary_line(msg: AlertMessage) -> str:
+    step = f" at step {msg.last_step}" if msg.last_step is not None else ""
+    return (
+        f"{msg.fault_class} ({msg.score:.2f}, {msg.strength}) {LEVEL_WORDS.get(msg.level, 'escalated')} "
+        f"in run {msg.run_name} [{msg.project}]{step}"
+    )
+
+
+def slack_blocks(msg: AlertMessage) -> dict[str, Any]:
+    """The Slack payload: ``text`` (notification fallback) plus Block Kit ``blocks``."""
+    ranking = "\n".join(
+        f"{i}. *{_escape(t.fault_class)}* — {t.score:.2f} ({t.strength}, {_escape(t.family)})"
+        for i, t in enumerate(msg.top[:TOP_CLASSES], start=1)
+    )
+    evidence = "\n".join(f"• {_escape(line)}" for line in msg.evidence[:EVIDENCE_LINES]) or "_no evidence lines_"
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "header",
+            "text": {"type": "plain_text", "text": _clip(f"Likely fault: {msg.fault_class}", _HEADER_MAX)},
+        },
+        {
+            "type": "section",
+            "fields": [
+                {"type": "mrkdwn", "text": f"*Run*\n<{msg.url}|{_escape(msg.run_name)}>"},
+                {"type": "mrkdwn", "text": f"*Project*\n{_escape(msg.project)}"},
+                {"type": "mrkdwn", "text": f"*Score*\n{msg.score:.2f} ({msg.strength})"},
+                {"type": "mrkdwn", "text": f"*Family*\n{_escape(msg.family)}"},
+            ],
+        },
+        {"type": "section", "text": {"type": "mrkdwn", "text": _clip(f"*Top classes*\n{ranking}", _SECTION_MAX)}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": _clip(f"*Evidence*\n{evidence}", _SECTION_MAX)}},
+        {
+            "type": "actions",
+            "elements": [
+                {
+                    "type": "button",
+                    "text": {"type": "plain_text", "text": "Open triage page"},
+                    "url": msg.url,
+                    "action_id": "open_triage",
+                }
+            ],
+        },
+        {
+            "type": "context",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": _clip(
+                        f"verdict: {_escape(msg.verdict)} · evaluated {msg.evaluated_at}"
+                        + (f" · step {msg.last_step}" if msg.last_step is not None else ""),
+                        _SECTION_MAX,
+                    ),
+                }
+            ],
+        },
+    ]
+    return {"text": _clip(summary_line(msg), _SECTION_MAX), "blocks": blocks}
+
+
+def webhook_json(msg: AlertMessage) -> dict[str, Any]:
+    """The generic webhook payload: the alert as data, plus a one-line summary."""
+    return {"event": "moeproxy.triage.alert", "summary": summary_line(msg), **msg.to_json()}
