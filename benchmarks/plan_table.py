@@ -15,8 +15,9 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from moeproxy.cli.plan import markdown_table
 from moeproxy.proxy_builder.plan import PlanAssumptions, load_preset, plan
+
+from moeproxy.cli.plan import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "planner.md"

@@ -70,7 +70,9 @@ class ParameterCount:
 
 
 COMPONENTS: tuple[str, ...] = tuple(
-    f.name for f in fields(ParameterCount) if f.name not in {"num_moe_layers", "experts_per_layer", "expert_parameters"}
+    f.name
+    for f in fields(ParameterCount)
+    if f.name not in {"num_moe_layers", "experts_per_layer", "expert_parameters"}
 )
 
 
@@ -173,7 +175,9 @@ ARCHITECTURES: dict[str, ArchitectureCounting] = {
         attention=_gqa_attention(qkv_bias_key="qkv_bias", o_bias_key=None, qk_norm=None),
         routed_expert_size=lambda c: _swiglu(c["hidden_size"], c["moe_intermediate_size"]),
         # shared expert MLP + its sigmoid gate (Linear(H, 1), no bias)
-        shared_experts=lambda c: _swiglu(c["hidden_size"], c["shared_expert_intermediate_size"]) + c["hidden_size"],
+        shared_experts=lambda c: (
+            _swiglu(c["hidden_size"], c["shared_expert_intermediate_size"]) + c["hidden_size"]
+        ),
     ),
     "mixtral": ArchitectureCounting(
         expert_count_keys=("num_local_experts", "num_experts"),
@@ -194,9 +198,11 @@ ARCHITECTURES: dict[str, ArchitectureCounting] = {
         is_moe_layer=_deepseek_is_moe_layer,
         attention=_mla_attention,
         routed_expert_size=lambda c: _swiglu(c["hidden_size"], c["moe_intermediate_size"]),
-        shared_experts=lambda c: _swiglu(c["hidden_size"], c["moe_intermediate_size"] * c.get("n_shared_experts", 1))
-        if c.get("n_shared_experts")
-        else 0,
+        shared_experts=lambda c: (
+            _swiglu(c["hidden_size"], c["moe_intermediate_size"] * c.get("n_shared_experts", 1))
+            if c.get("n_shared_experts")
+            else 0
+        ),
         has_router_bias=True,
     ),
 }
@@ -241,7 +247,9 @@ def validate_keep(config: Config, keep: int) -> None:
     if not isinstance(keep, int) or isinstance(keep, bool):
         raise InvalidKeepSpec(f"keep must be an integer number of experts, got {keep!r}")
     if keep > e:
-        raise InvalidKeepSpec(f"cannot keep {keep} experts: the model has only {e} routed experts per MoE layer")
+        raise InvalidKeepSpec(
+            f"cannot keep {keep} experts: the model has only {e} routed experts per MoE layer"
+        )
     if keep < k:
         raise InvalidKeepSpec(
             f"cannot keep {keep} experts: top-k routing selects {k} per token (num_experts_per_tok), "

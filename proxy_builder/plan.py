@@ -39,16 +39,16 @@ from moeproxy.proxy_builder.plan_errors import (
 )
 
 __all__ = [
-    "PlanAssumptions",
     "MemoryBreakdown",
     "ModelPlan",
     "Plan",
+    "PlanAssumptions",
     "count_parameters",
-    "plan",
-    "resolve_keep",
-    "load_preset",
-    "preset_names",
     "kv_cache_bytes_per_token",
+    "load_preset",
+    "plan",
+    "preset_names",
+    "resolve_keep",
 ]
 
 GB = 1e9  # decimal gigabytes, the unit device vendors quote (a "64 GB" Ascend 910B)
@@ -120,14 +120,22 @@ class PlanAssumptions:
         if self.device_memory_gb <= 0:
             raise InvalidAssumptions(f"device_memory_gb must be > 0, got {self.device_memory_gb}")
         if not 0 < self.usable_memory_fraction <= 1:
-            raise InvalidAssumptions(f"usable_memory_fraction must be in (0, 1], got {self.usable_memory_fraction}")
+            raise InvalidAssumptions(
+                f"usable_memory_fraction must be in (0, 1], got {self.usable_memory_fraction}"
+            )
         for name in ("seq_len", "rollout_batch", "train_tokens_per_device", "devices_per_node"):
             if getattr(self, name) < 1:
                 raise InvalidAssumptions(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def trainer_bytes_per_param(self) -> float:
-        return self.weight_bytes + self.grad_bytes + self.master_weight_bytes + self.adam_m_bytes + self.adam_v_bytes
+        return (
+            self.weight_bytes
+            + self.grad_bytes
+            + self.master_weight_bytes
+            + self.adam_m_bytes
+            + self.adam_v_bytes
+        )
 
     @property
     def usable_bytes_per_device(self) -> float:
@@ -194,7 +202,9 @@ class MemoryBreakdown:
         return {k: round(v, 3) for k, v in out.items()}
 
 
-def memory_breakdown(config: Mapping[str, Any], params: ParameterCount, a: PlanAssumptions) -> MemoryBreakdown:
+def memory_breakdown(
+    config: Mapping[str, Any], params: ParameterCount, a: PlanAssumptions
+) -> MemoryBreakdown:
     trained = params.trainable
     # The router bias (a buffer) is stored with the weights but has no optimizer state.
     stored = params.total
@@ -300,7 +310,9 @@ def resolve_keep(config: Mapping[str, Any], keep: int | None = None, keep_ratio:
     A ratio keeps round(r * E) experts (at least top_k is still required).
     """
     if (keep is None) == (keep_ratio is None):
-        raise InvalidKeepSpec("give exactly one of keep (experts per MoE layer) or keep_ratio (fraction in (0, 1])")
+        raise InvalidKeepSpec(
+            "give exactly one of keep (experts per MoE layer) or keep_ratio (fraction in (0, 1])"
+        )
     e = expert_count(config)
     if keep_ratio is not None:
         if not (isinstance(keep_ratio, int | float) and 0 < keep_ratio <= 1):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -86,8 +86,10 @@ def _print_table(name: str, result: dict[str, Any]) -> None:
 def markdown_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     """The docs/planner.md table: one row per (preset, plan dict)."""
     lines = [
-        "| preset | experts kept | params original (B) | params proxy (B) | memory original (GB) "
-        "| memory proxy (GB) | devices original | devices proxy | device saving |",
+        (
+            "| preset | experts kept | params original (B) | params proxy (B) | memory original (GB) "
+            "| memory proxy (GB) | devices original | devices proxy | device saving |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in rows:
@@ -105,18 +107,37 @@ def markdown_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("plan", help=_HELP)
     def plan_command(
-        model: Path | None = typer.Option(None, "--model", help="Checkpoint directory with a config.json."),
-        config: Path | None = typer.Option(None, "--config", help="A config.json file."),
-        preset: str | None = typer.Option(None, "--preset", help="A shipped preset (see --list-presets)."),
-        keep: int | None = typer.Option(None, "--keep", help="Routed experts kept per MoE layer."),
-        keep_ratio: float | None = typer.Option(None, "--keep-ratio", help="Fraction of routed experts kept, (0, 1]."),
-        device_memory_gb: float | None = typer.Option(None, "--device-memory-gb", help="Memory of one device [64]."),
-        seq_len: int | None = typer.Option(None, "--seq-len", help="Prompt + response tokens per sequence [4096]."),
-        batch: int | None = typer.Option(None, "--batch", help="Sequences in the rollout engine's KV cache at once [256]."),
-        as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-        list_presets: bool = typer.Option(False, "--list-presets", help="List the shipped presets and exit."),
-        all_presets: bool = typer.Option(False, "--all-presets", help="Plan every preset (with --keep-ratio)."),
-        markdown: bool = typer.Option(False, "--markdown", help="With --all-presets: print a Markdown table."),
+        model: Annotated[
+            Path | None, typer.Option("--model", help="Checkpoint directory with a config.json.")
+        ] = None,
+        config: Annotated[Path | None, typer.Option("--config", help="A config.json file.")] = None,
+        preset: Annotated[
+            str | None, typer.Option("--preset", help="A shipped preset (see --list-presets).")
+        ] = None,
+        keep: Annotated[int | None, typer.Option("--keep", help="Routed experts kept per MoE layer.")] = None,
+        keep_ratio: Annotated[
+            float | None, typer.Option("--keep-ratio", help="Fraction of routed experts kept, (0, 1].")
+        ] = None,
+        device_memory_gb: Annotated[
+            float | None, typer.Option("--device-memory-gb", help="Memory of one device [64].")
+        ] = None,
+        seq_len: Annotated[
+            int | None, typer.Option("--seq-len", help="Prompt + response tokens per sequence [4096].")
+        ] = None,
+        batch: Annotated[
+            int | None,
+            typer.Option("--batch", help="Sequences in the rollout engine's KV cache at once [256]."),
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+        list_presets: Annotated[
+            bool, typer.Option("--list-presets", help="List the shipped presets and exit.")
+        ] = False,
+        all_presets: Annotated[
+            bool, typer.Option("--all-presets", help="Plan every preset (with --keep-ratio).")
+        ] = False,
+        markdown: Annotated[
+            bool, typer.Option("--markdown", help="With --all-presets: print a Markdown table.")
+        ] = False,
     ) -> None:
         from moeproxy.proxy_builder.plan import PlanAssumptions, load_preset, plan, preset_names
         from moeproxy.proxy_builder.plan_errors import PlanError
@@ -128,7 +149,11 @@ def register(app: typer.Typer) -> None:
             return
         overrides = {
             k: v
-            for k, v in {"device_memory_gb": device_memory_gb, "seq_len": seq_len, "rollout_batch": batch}.items()
+            for k, v in {
+                "device_memory_gb": device_memory_gb,
+                "seq_len": seq_len,
+                "rollout_batch": batch,
+            }.items()
             if v is not None
         }
         try:
@@ -136,8 +161,10 @@ def register(app: typer.Typer) -> None:
             if all_presets:
                 if keep_ratio is None or keep is not None:
                     _fail("--all-presets needs --keep-ratio (expert counts differ between presets)")
-                rows = [(n, plan(load_preset(n), keep_ratio=keep_ratio, assumptions=assumptions).to_dict())
-                        for n in preset_names()]
+                rows = [
+                    (n, plan(load_preset(n), keep_ratio=keep_ratio, assumptions=assumptions).to_dict())
+                    for n in preset_names()
+                ]
                 if as_json:
                     typer.echo(json.dumps(dict(rows), indent=2))
                 elif markdown:

@@ -8,9 +8,6 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
-
-from moeproxy.cli import app
 from moeproxy.proxy_builder.params import count_parameters, expert_count, top_k
 from moeproxy.proxy_builder.plan import (
     PlanAssumptions,
@@ -27,6 +24,9 @@ from moeproxy.proxy_builder.plan_errors import (
     UnknownPreset,
     UnsupportedArchitecture,
 )
+from typer.testing import CliRunner
+
+from moeproxy.cli import app
 
 runner = CliRunner()
 
@@ -214,8 +214,10 @@ def test_devices_monotone_in_seq_len_and_batch(name, seq, extra_seq, batch, extr
 
 def test_more_device_memory_never_needs_more_devices():
     cfg = load_preset("qwen3-235b-a22b")
-    counts = [plan(cfg, keep=32, assumptions=PlanAssumptions(device_memory_gb=m)).original.devices
-              for m in (48, 64, 80, 96, 141)]
+    counts = [
+        plan(cfg, keep=32, assumptions=PlanAssumptions(device_memory_gb=m)).original.devices
+        for m in (48, 64, 80, 96, 141)
+    ]
     assert counts == sorted(counts, reverse=True)
 
 
@@ -230,3 +232,19 @@ def test_deployment_rounding():
             assert n & (n - 1) == 0  # power of two
             assert n <= 8 or n % 8 == 0  # whole nodes above one node
             assert d[side]["experts_per_layer"] % d[side]["expert_parallel"] == 0
+
+
+def test_docs_tables_are_up_to_date():
+    """docs/planner.md holds the tables benchmarks/plan_table.py generates (re-make with --write-docs)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("plan_table", root / "benchmarks" / "plan_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from moeproxy.cli.plan import markdown_table
+
+    docs = (root / "docs" / "planner.md").read_text()
+    assert markdown_table(module.preset_rows()) in docs
+    assert module.sensitivity_markdown(module.sensitivity()) in docs

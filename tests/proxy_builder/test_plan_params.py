@@ -16,9 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import build_model, tiny_config  # noqa: E402
-
-from moeproxy.proxy_builder.params import count_parameters, expert_count  # noqa: E402
+from moeproxy.proxy_builder.params import count_parameters, expert_count
+from tiny_models import build_model, tiny_config
 
 torch.set_num_threads(1)
 
