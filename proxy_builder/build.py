@@ -24,7 +24,7 @@ from typing import Any
 from moeproxy.proxy_builder import calibration as calib
 from moeproxy.proxy_builder.architectures import GROUP_POLICIES, Architecture, GroupSpec, architecture_for, group_spec
 from moeproxy.proxy_builder.checkpoint import Checkpoint, open_checkpoint
-from moeproxy.proxy_builder.errors import CalibrationError, InvalidPruneRequest, ProxyBuildError
+from moeproxy.proxy_builder.errors import CalibrationError, InvalidPruneRequest
 from moeproxy.proxy_builder.layer_stats import LayerStatistics
 from moeproxy.proxy_builder.methods import (
     DEFAULT_METHOD,
@@ -454,8 +454,7 @@ def build_report(v, selections, statistics, options, search, calib_info, surgery
         "config_changes": surgery.config_changes,
         "calibration": calib_info,
         "layers": layers,
-        "parameters": parameter_report(v.config, v.keep),
-        "memory": memory_report(v.config, v.keep, v.checkpoint, surgery),
+        **plan_report(v.config, v.keep, v.checkpoint, surgery),
         "files": list(surgery.files) + [REPORT_NAME],
         "timing_s": {k.removesuffix("_s"): round(t, 4) for k, t in times.items()},
         "peak_rss_mb": round(_peak_rss_mb(), 1),
@@ -475,39 +474,36 @@ def _group_report(group: GroupSpec | None) -> dict[str, Any] | None:
     }
 
 
-def parameter_report(config: Mapping[str, Any], keep: int) -> dict[str, Any]:
-    from moeproxy.proxy_builder.params import count_parameters, parameter_count_dict
+def plan_report(config: Mapping[str, Any], keep: int, checkpoint: Checkpoint, surgery) -> dict[str, Any]:
+    """Parameter counts and the accelerator-memory estimate, both from the planner (issue 9).
 
-    original, proxy = count_parameters(config), count_parameters(config, keep)
-    return {
-        "original": parameter_count_dict(original),
-        "proxy": parameter_count_dict(proxy),
-        "ratio": proxy.total / original.total,
-    }
+    The on-disk byte counts are facts of the two checkpoints, kept alongside.
+    """
+    from moeproxy.proxy_builder.plan import plan
 
-
-def memory_report(config: Mapping[str, Any], keep: int, checkpoint: Checkpoint, surgery) -> dict[str, Any]:
     original_bytes = sum(t.nbytes for _, t in checkpoint.tensors())
-    out: dict[str, Any] = {
-        "checkpoint_bytes": {"original": original_bytes, "proxy": surgery.bytes_written},
-        "checkpoint_bytes_ratio": surgery.bytes_written / original_bytes if original_bytes else None,
+    try:
+        p = plan(dict(config), keep=keep)
+    except ValueError as exc:  # the planner's assumptions do not fit this model: report, do not fail the build
+        plan_dict, parameters, memory_ratio, devices = {"error": str(exc)}, None, None, None
+    else:
+        plan_dict = p.to_dict()
+        o, q = p.original, p.proxy
+        parameters = {
+            "original": o.parameters.total,
+            "proxy": q.parameters.total,
+            "ratio": q.parameters.total / o.parameters.total,
+            "by_component": {"original": plan_dict["original"]["parameters"], "proxy": plan_dict["proxy"]["parameters"]},
+        }
+        memory_ratio = q.memory_gb_total / o.memory_gb_total if o.memory_gb_total else None
+        devices = {"original": o.devices, "proxy": q.devices}
+    return {
+        "parameters": parameters,
+        "memory": {
+            "accelerator_memory_ratio": memory_ratio,
+            "devices": devices,
+            "checkpoint_bytes": {"original": original_bytes, "proxy": surgery.bytes_written},
+            "checkpoint_bytes_ratio": surgery.bytes_written / original_bytes if original_bytes else None,
+            "plan": plan_dict,
+        },
     }
-    try:
-        from moeproxy.proxy_builder.plan import plan
-    except ImportError:
-        out["plan"] = None
-        return out
-    try:
-        p = plan(dict(config), keep=keep).to_dict()
-    except ProxyBuildError:
-        raise
-    except ValueError as exc:  # the planner's own errors: report, never fail a finished build
-        out["plan"] = {"error": str(exc)}
-        return out
-    out["plan"] = p
-    try:
-        out["accelerator_memory_ratio"] = p["proxy"]["memory_gb"] / p["original"]["memory_gb"]
-        out["devices"] = {"original": p["original"]["devices"], "proxy": p["proxy"]["devices"]}
-    except (KeyError, TypeError, ZeroDivisionError):
-        pass
-    return out

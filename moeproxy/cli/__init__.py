@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "token",
     "db",
     "demo",
+    "build",
 )
 
 app = typer.Typer(

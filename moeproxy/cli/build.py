@@ -1,0 +1,123 @@
+"""``moeproxy build``: build a proxy model of a MoE checkpoint (SPEC section 2, issue 4).
+
+A thin wrapper over :func:`moeproxy.proxy_builder.build.build_proxy`; torch and
+transformers are imported inside the command.  Also registers the ``synthetic``
+calibration source (the reproduction task corpus) lazily, so the proxy builder
+itself never imports the reproduction stage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from itertools import count
+from pathlib import Path
+
+import typer
+
+_HELP = (
+    "Build a proxy of a MoE checkpoint: keep K representative routed experts per MoE layer "
+    "(three-view clustering by default), copy everything else unchanged, and write the proxy "
+    "checkpoint with proxy_report.json. Nothing is written if the request is invalid."
+)
+
+
+def _synthetic_source(arg: str) -> Iterator[str]:
+    """``synthetic:tasks`` (all task families) or ``synthetic:addition,sorting``: calibration-split texts."""
+    from moeproxy.reproduction.tasks import calibration_corpus
+
+    tasks = None if arg in ("", "tasks", "all") else [t.strip() for t in arg.split(",") if t.strip()]
+    for seed in count():
+        yield from calibration_corpus(512, seed=seed, tasks=tasks)
+
+
+def _register_lazy_sources() -> None:
+    from moeproxy.proxy_builder.calibration import CALIBRATION_SOURCES, register_calibration_source
+
+    if "synthetic" not in CALIBRATION_SOURCES:
+        register_calibration_source("synthetic", _synthetic_source)
+
+
+def build(
+    model: Path = typer.Option(..., "--model", help="Directory of the original checkpoint (config.json + safetensors)."),
+    out: Path = typer.Option(..., "--out", help="Directory to write the proxy into (must not exist or be empty)."),
+    keep: int | None = typer.Option(None, "--keep", help="Routed experts to keep in every MoE layer."),
+    keep_ratio: float | None = typer.Option(None, "--keep-ratio", help="Fraction of routed experts to keep, in (0, 1]."),
+    method: str = typer.Option(
+        "three_view",
+        "--method",
+        help="three_view, three_view_unweighted, router_coact, router_proto, coact_proto, router, coact, proto, "
+        "frequency, random, first_k.",
+    ),
+    calibration: str | None = typer.Option(
+        None,
+        "--calibration",
+        help="Calibration data: a .txt (one document per line) or .jsonl file, a tokenized directory "
+        "(input_ids.npy), synthetic:tasks (the reproduction task corpus) or random:SEED.",
+    ),
+    max_tokens: int = typer.Option(16384, "--max-tokens", help="Calibration tokens to route (padding excluded)."),
+    seq_len: int = typer.Option(512, "--seq-len", help="Longest calibration sequence."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Calibration sequences per forward pass."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu (for the calibration forward passes)."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (the checkpoint's), float32, bfloat16 or float16."),
+    view_weights: str | None = typer.Option(
+        None,
+        "--view-weights",
+        help="Fusion weights router,coact,proto (e.g. 1,1,1), or auto: pick by next-token KL on held-out "
+        "calibration data over a simplex grid (steps 0.25).",
+    ),
+    representative: str = typer.Option(
+        "most_frequent", "--representative", help="Expert kept per cluster: most_frequent (paper) or medoid."
+    ),
+    group_policy: str = typer.Option(
+        "per_group",
+        "--group-policy",
+        help="DeepSeek group routing: per_group (keep K/n_group per group) or flatten (n_group=topk_group=1).",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for random selection and FasterPAM."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+) -> None:
+    """Build a proxy model with fewer routed experts per MoE layer."""
+    from moeproxy.proxy_builder.errors import ProxyBuildError
+
+    _register_lazy_sources()
+    try:
+        from moeproxy.proxy_builder.build import build_proxy
+
+        result = build_proxy(
+            model, out, keep=keep, keep_ratio=keep_ratio, method=method, calibration=calibration,
+            max_tokens=max_tokens, seq_len=seq_len, batch_size=batch_size, device=device, dtype=dtype,
+            view_weights=view_weights, representative=representative, group_policy=group_policy, seed=seed,
+            overwrite=overwrite, progress=not quiet,
+        )  # fmt: skip
+    except ProxyBuildError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    except ImportError as exc:
+        typer.echo(f"error: {exc}; moeproxy build needs the [ml] extra (pip install 'moeproxy[ml]')", err=True)
+        raise typer.Exit(code=2) from None
+    report = result.report
+    if as_json:
+        sys.stdout.write(json.dumps(report) + "\n")
+        return
+    params = report["parameters"] or {}
+    mem = report["memory"]
+    typer.echo(
+        f"proxy written to {result.out_dir}: {report['architecture']}, method {report['method']}, "
+        f"{report['keep']} of {report['num_experts']} experts in {len(report['moe_layers'])} MoE layers"
+    )
+    if params:
+        typer.echo(f"parameters {params['original']:,} -> {params['proxy']:,} ({params['ratio']:.3f}x)")
+    if mem.get("accelerator_memory_ratio") is not None:
+        typer.echo(
+            f"estimated accelerator memory ratio {mem['accelerator_memory_ratio']:.3f}, "
+            f"devices {mem['devices']['original']} -> {mem['devices']['proxy']}"
+        )
+    typer.echo(f"report: {Path(result.out_dir) / 'proxy_report.json'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build", help=_HELP)(build)
