@@ -103,3 +103,20 @@ def test_qwen3_config_written_with_num_local_experts_is_read():
     assert "num_experts" not in written or written.get("num_local_experts")
     written.pop("num_experts", None)
     assert count_parameters(written).trainable == _numel(model)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_config_json_as_transformers_writes_it_plans(variant, tmp_path):
+    """The builder plans from the config.json on disk, not from our dicts: count and plan from that."""
+    import json
+
+    from moeproxy.proxy_builder.plan import plan
+
+    arch, overrides = VARIANTS[variant]
+    model = build_model(arch, **overrides)
+    model.config.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert count_parameters(written).trainable == _numel(model)
+    p = plan(written, keep=4)
+    assert p.proxy.devices <= p.original.devices
+    assert p.proxy.parameters.experts_per_layer == 4
