@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Connection, DateTime, Engine, MetaData, TypeDecorator, create_engine, event, text
+from sqlalchemy import Connection, DateTime, Engine, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -143,8 +143,16 @@ class Database:
         events.dispatch_pending(session)
 
     def ping(self) -> None:
-        with self.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        """Raise if the database does not answer.  A raw DBAPI round trip: going through a
+        Connection would run the SQLite begin hook and queue behind any writer's lock."""
+        raw = self.engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute("SELECT 1")
+            cursor.fetchall()
+            cursor.close()
+        finally:
+            raw.close()
 
     def dispose(self) -> None:
         if self._owns_engine:

@@ -36,7 +36,7 @@ def insert_global_aliases(aliases) -> None:
     """Insert global aliases, leaving existing (framework, name) pairs as they are."""
     bind = op.get_bind()
     existing = set(
-        bind.execute(sa.select(_aliases.c.framework, _aliases.c.name).where(_aliases.c.project_id.is_(None))).tuples()
+        bind.execute(sa.select(_aliases.c.framework, _aliases.c.name).where(_aliases.c.project_id.is_(None))).all()
     )
     now = datetime.now(UTC)
     rows = [

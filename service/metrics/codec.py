@@ -140,20 +140,17 @@ def parse_ingest_body(raw: bytes) -> ParsedBatch:
     steps = doc["steps"]
     if type(steps) is not list:
         raise InvalidInput("steps: expected an array")
-    if len(steps) > MAX_STEPS_PER_REQUEST:
-        raise PayloadTooLarge(
-            f"{len(steps)} steps in one request; the limit is {MAX_STEPS_PER_REQUEST:,}: split the batch"
-        )
+    max_steps, max_points = MAX_STEPS_PER_REQUEST, MAX_POINTS_PER_REQUEST
+    if len(steps) > max_steps:
+        raise PayloadTooLarge(f"{len(steps):,} steps in one request; the limit is {max_steps:,}: split the batch")
     by_step: dict[int, dict[str, float]] = {}
     names: dict[str, None] = {}
     sent = 0
     for i, entry in enumerate(steps):
         step, values = _parse_entry(entry, i)
         sent += len(values)
-        if sent > MAX_POINTS_PER_REQUEST:
-            raise PayloadTooLarge(
-                f"more than {MAX_POINTS_PER_REQUEST:,} points in one request: split the batch"
-            )
+        if sent > max_points:
+            raise PayloadTooLarge(f"more than {max_points:,} points in one request; the limit is {max_points:,}: split the batch")
         clean: dict[str, float] = {}
         for name, value in values.items():
             if name not in names:

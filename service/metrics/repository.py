@@ -162,7 +162,7 @@ def read_metrics(
         query = query.where(MetricPoint.step > after_step)
     out: dict[str, tuple[list[int], list[float]]] = {}
     nan = math.nan
-    for name, step, value in session.execute(query).tuples():
+    for name, step, value in session.execute(query):
         series = out.get(name)
         if series is None:
             series = out[name] = ([], [])

@@ -9,7 +9,8 @@ from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.auth import ProjectDep, SessionDep
 from moeproxy.service.errors import PayloadTooLarge, UnsupportedMediaType
 from moeproxy.service.metrics import repository
-from moeproxy.service.metrics.codec import INGEST_BODY_SCHEMA, MAX_BODY_BYTES, encode_values, parse_ingest_body
+from moeproxy.service.metrics import codec
+from moeproxy.service.metrics.codec import INGEST_BODY_SCHEMA, encode_values, parse_ingest_body
 from moeproxy.service.metrics.schemas import IngestResult, MetricNameOut, MetricNamesOut, MetricsOut
 from moeproxy.service.runs import repository as runs
 
@@ -21,15 +22,16 @@ async def read_limited_body(request: Request) -> bytes:
     content_type = request.headers.get("content-type", "application/json")
     if "json" not in content_type:
         raise UnsupportedMediaType(f"expected Content-Type application/json, got {content_type!r}")
+    limit = codec.MAX_BODY_BYTES
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"body of {int(declared):,} bytes; the limit is {MAX_BODY_BYTES:,}: split the batch")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"body of {int(declared):,} bytes; the limit is {limit:,}: split the batch")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"body larger than {MAX_BODY_BYTES:,} bytes: split the batch")
+        if size > limit:
+            raise PayloadTooLarge(f"body larger than {limit:,} bytes: split the batch")
         chunks.append(chunk)
     return b"".join(chunks)
 
