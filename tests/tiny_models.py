@@ -103,6 +103,14 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 
 ARCHITECTURES: tuple[str, ...] = tuple(TINY_CONFIGS)
 
+#: Test cases by name: (tiny config, overrides).  DeepSeek-V3.2 is V3 plus the DSA
+#: indexer, built from the V3 config.
+ARCH_CASES: dict[str, tuple[str, dict[str, Any]]] = {arch: (arch, {}) for arch in ARCHITECTURES}
+ARCH_CASES["deepseek_v32"] = (
+    "deepseek_v3",
+    {"model_type": "deepseek_v32", "index_n_heads": 4, "index_head_dim": 8, "index_topk": 4},
+)
+
 
 def tiny_config(arch: str, **overrides: Any) -> dict[str, Any]:
     """The config dict of one tiny architecture with ``overrides`` applied."""
