@@ -119,10 +119,10 @@ def _write_sqlite(session: Session, metric_ids: list[int], steps: list[int], val
 def _write_postgres(session: Session, metric_ids: list[int], steps: list[int], values: list[float | None]) -> None:
     import psycopg.errors  # the PostgreSQL driver; imported here so SQLite-only code paths never need it
 
-    conn = session.connection()
     try:
         with session.begin_nested():
-            raw = conn.connection.dbapi_connection
+            # session.connection() inside the block is what emits the SAVEPOINT (it is lazy).
+            raw = session.connection().connection.dbapi_connection
             with raw.cursor() as cursor:
                 with cursor.copy("COPY metric_points (metric_id, step, value) FROM STDIN (FORMAT BINARY)") as copy:
                     copy.set_types(["int4", "int8", "float8"])
@@ -130,12 +130,7 @@ def _write_postgres(session: Session, metric_ids: list[int], steps: list[int], v
                     for row in zip(metric_ids, steps, values):
                         write(row)
     except psycopg.errors.UniqueViolation:
-        conn.exec_driver_sql(_PG_UPSERT, (metric_ids, steps, values))
-    except Exception as exc:  # SQLAlchemy may wrap the driver error
-        if isinstance(getattr(exc, "orig", None), psycopg.errors.UniqueViolation):
-            conn.exec_driver_sql(_PG_UPSERT, (metric_ids, steps, values))
-        else:
-            raise
+        session.connection().exec_driver_sql(_PG_UPSERT, (metric_ids, steps, values))
 
 
 def list_metric_names(session: Session, run_id: int) -> list[str]:
