@@ -79,7 +79,10 @@ def sensitivity() -> list[dict]:
 
 def sensitivity_markdown(rows: list[dict]) -> str:
     lines = [
-        "| assumption changed | Qwen3-30B-A3B, keep 48 (paper 16 -> 8) | DeepSeek-V3.2, keep 16 (paper 512 -> 64) |",
+        (
+            "| assumption changed | Qwen3-30B-A3B, keep 48 (paper 16 -> 8) "
+            "| DeepSeek-V3.2, keep 16 (paper 512 -> 64) |"
+        ),
         "|---|---|---|",
     ]
     for r in rows:
@@ -87,9 +90,8 @@ def sensitivity_markdown(rows: list[dict]) -> str:
         for name, _, target in PAPER:
             c = r[name]
             ok = (c["original"], c["proxy"]) == target
-            cells.append(
-                f"{c['original']} -> {c['proxy']} ({c['original_raw']} -> {c['proxy_raw']}){'' if ok else ' **differs**'}"
-            )
+            flag = "" if ok else " **differs**"
+            cells.append(f"{c['original']} -> {c['proxy']} ({c['original_raw']} -> {c['proxy_raw']}){flag}")
         lines.append(f"| {r['variant']} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from moeproxy.proxy_builder.plan_errors import InvalidKeepSpec, UnsupportedArchitecture
+from moeproxy.proxy_builder.plan_errors import IncompleteConfig, InvalidKeepSpec, UnsupportedArchitecture
 
 Config = Mapping[str, Any]
 
@@ -217,7 +217,8 @@ def architecture(config: Config) -> ArchitectureCounting:
         return ARCHITECTURES[model_type]
     except KeyError:
         raise UnsupportedArchitecture(
-            f"model_type {model_type!r} is not supported by the planner; supported: {', '.join(sorted(ARCHITECTURES))}"
+            f"model_type {model_type!r} is not supported by the planner; "
+            f"supported: {', '.join(sorted(ARCHITECTURES))}"
         ) from None
 
 
@@ -259,6 +260,16 @@ def validate_keep(config: Config, keep: int) -> None:
 
 def count_parameters(config: Config, keep: int | None = None) -> ParameterCount:
     """Exact parameter counts by component; ``keep`` = routed experts kept per MoE layer."""
+    try:
+        return _count_parameters(config, keep)
+    except KeyError as exc:
+        raise IncompleteConfig(
+            f"config of model_type {config.get('model_type')!r} lacks {exc.args[0]!r}, "
+            "which the planner needs"
+        ) from None
+
+
+def _count_parameters(config: Config, keep: int | None) -> ParameterCount:
     arch = architecture(config)
     experts = expert_count(config)
     if keep is not None:

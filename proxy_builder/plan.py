@@ -33,6 +33,7 @@ from moeproxy.proxy_builder.params import (
     validate_keep,
 )
 from moeproxy.proxy_builder.plan_errors import (
+    IncompleteConfig,
     InvalidAssumptions,
     InvalidKeepSpec,
     UnknownPreset,
@@ -353,7 +354,16 @@ def plan(
 ) -> Plan:
     """Plan original vs proxy for one RL step; exactly one of ``keep`` / ``keep_ratio``."""
     config = strip_notes(config)
-    k = resolve_keep(config, keep, keep_ratio)
+    try:
+        return _plan(config, resolve_keep(config, keep, keep_ratio), assumptions)
+    except KeyError as exc:
+        raise IncompleteConfig(
+            f"config of model_type {config.get('model_type')!r} lacks {exc.args[0]!r}, "
+            "which the planner needs"
+        ) from None
+
+
+def _plan(config: dict[str, Any], k: int, assumptions: PlanAssumptions) -> Plan:
     return Plan(
         model_type=config["model_type"],
         top_k=top_k(config),

@@ -19,6 +19,10 @@ class InvalidKeepSpec(PlanError):
     """A keep request the proxy cannot have (K > E, K < top_k, ratio outside (0, 1])."""
 
 
+class IncompleteConfig(PlanError):
+    """The config lacks a field the planner needs for its architecture."""
+
+
 class UnknownPreset(PlanError):
     """No shipped preset has that name."""
 

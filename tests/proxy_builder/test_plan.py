@@ -133,10 +133,23 @@ def test_cli_rejects_bad_input_clearly(args, message):
 
 def test_unknown_architecture_is_named():
     cfg = {**strip_notes(load_preset("mixtral-8x7b")), "model_type": "llama"}
-    with pytest.raises(UnsupportedArchitecture, match="'llama'.*supported"):
+    with pytest.raises(UnsupportedArchitecture, match=r"'llama'.*supported"):
         plan(cfg, keep=4)
     with pytest.raises(UnsupportedArchitecture):
         count_parameters({"model_type": None})
+
+
+def test_incomplete_config_is_named():
+    from moeproxy.proxy_builder.plan_errors import IncompleteConfig
+
+    cfg = strip_notes(load_preset("deepseek-v3"))
+    del cfg["kv_lora_rank"]
+    with pytest.raises(IncompleteConfig, match="kv_lora_rank"):
+        plan(cfg, keep=16)
+    with pytest.raises(IncompleteConfig, match="kv_lora_rank"):
+        count_parameters(cfg)
+    result = runner.invoke(app, ["plan", "--config", "/dev/null", "--keep", "8"])
+    assert result.exit_code == 2 and "error:" in result.stderr
 
 
 def test_errors_are_value_errors_with_one_base():
