@@ -37,6 +37,7 @@ ROUTER_MODULES: tuple[str, ...] = (
     "moeproxy.service.runs.router",
     "moeproxy.service.metrics.router",
     "moeproxy.service.aliases.router",
+    "moeproxy.service.mlflow.router",
 )
 
 LIFESPAN_HOOKS: tuple[str, ...] = ()

@@ -1,0 +1,176 @@
+"""``/mlflow/api/2.0/mlflow/...``: the MLflow tracking calls a training job makes (see package doc).
+
+Checked against the real MLflow client: ``set_experiment`` calls experiments/get-by-name,
+experiments/create and experiments/get; ``start_run`` runs/create; ``log_param(s)``
+runs/log-parameter and runs/log-batch; ``log_metric(s)`` runs/log-metric and runs/log-batch;
+``set_tag`` runs/set-tag; ``end_run`` runs/get and runs/update.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+
+from moeproxy.service.auth import ProjectDep, SessionDep
+from moeproxy.service.errors import ServiceError
+from moeproxy.service.mlflow import repository as repo
+from moeproxy.service.mlflow.errors import ERROR_CODE_BY_STATUS, MlflowApiError, not_found
+from moeproxy.service.mlflow.schemas import (
+    CreateExperiment,
+    CreateRun,
+    DeleteRun,
+    DeleteTag,
+    LogBatch,
+    LogMetric,
+    LogParam,
+    SetTag,
+    UpdateRun,
+)
+
+
+class MlflowRoute(APIRoute):
+    """Answers every error in MLflow's shape, which the MLflow client parses into MlflowException."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def mlflow_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except MlflowApiError as exc:
+                return JSONResponse(exc.body(), status_code=exc.status_code)
+            except ServiceError as exc:
+                code = ERROR_CODE_BY_STATUS.get(exc.status_code, "INTERNAL_ERROR")
+                return JSONResponse({"error_code": code, "message": exc.detail}, status_code=exc.status_code)
+            except RequestValidationError as exc:
+                message = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors()
+                )
+                return JSONResponse({"error_code": "INVALID_PARAMETER_VALUE", "message": message}, status_code=400)
+
+        return mlflow_handler
+
+
+router = APIRouter(prefix="/mlflow/api/2.0/mlflow", tags=["mlflow"], route_class=MlflowRoute)
+
+EMPTY: dict = {}
+
+
+@router.get("/experiments/get-by-name")
+def get_experiment_by_name(
+    project: ProjectDep, session: SessionDep, experiment_name: Annotated[str, Query(min_length=1)]
+) -> dict:
+    experiment = repo.get_experiment_by_name(session, project.id, experiment_name)
+    if experiment is None and experiment_name == repo.DEFAULT_EXPERIMENT_NAME:
+        experiment = repo.default_experiment(session, project.id)
+    if experiment is None:
+        raise not_found(f"Could not find experiment with name '{experiment_name}'")
+    return {"experiment": repo.experiment_json(experiment)}
+
+
+@router.get("/experiments/get")
+def get_experiment(project: ProjectDep, session: SessionDep, experiment_id: Annotated[str, Query()]) -> dict:
+    return {"experiment": repo.experiment_json(repo.get_experiment(session, project.id, experiment_id))}
+
+
+@router.post("/experiments/create")
+def create_experiment(spec: CreateExperiment, project: ProjectDep, session: SessionDep) -> dict:
+    return {"experiment_id": repo.external_id(repo.create_experiment(session, project.id, spec))}
+
+
+@router.api_route("/experiments/search", methods=["GET", "POST"])
+def search_experiments(project: ProjectDep, session: SessionDep) -> dict:
+    repo.default_experiment(session, project.id)
+    return {"experiments": [repo.experiment_json(e) for e in repo.list_experiments(session, project.id)]}
+
+
+@router.post("/runs/create")
+def create_run(spec: CreateRun, project: ProjectDep, session: SessionDep) -> dict:
+    mrun, _run = repo.create_run(session, project.id, spec)
+    return {"run": repo.run_json(session, mrun, with_metrics=False)}
+
+
+@router.get("/runs/get")
+def get_run(
+    project: ProjectDep,
+    session: SessionDep,
+    run_id: Annotated[str | None, Query()] = None,
+    run_uuid: Annotated[str | None, Query()] = None,
+) -> dict:
+    mrun, _run = repo.get_run(session, project.id, run_id or run_uuid or "")
+    return {"run": repo.run_json(session, mrun)}
+
+
+@router.post("/runs/update")
+def update_run(spec: UpdateRun, project: ProjectDep, session: SessionDep) -> dict:
+    mrun, run = repo.get_run(session, project.id, spec.run_id)
+    repo.update_run(session, mrun, run, spec)
+    experiment = repo.get_experiment_for(session, mrun)
+    return {"run_info": repo.run_info_json(mrun, repo.external_id(experiment))}
+
+
+@router.post("/runs/delete")
+def delete_run(spec: DeleteRun, project: ProjectDep, session: SessionDep) -> dict:
+    mrun, _run = repo.get_run(session, project.id, spec.run_id)
+    mrun.lifecycle_stage = "deleted"  # MLflow soft-deletes; the moeproxy run and its metrics stay
+    return EMPTY
+
+
+@router.post("/runs/log-metric")
+def log_metric(spec: LogMetric, project: ProjectDep, session: SessionDep) -> dict:
+    mrun, run = repo.get_run(session, project.id, spec.run_id)
+    repo.log_metrics(session, mrun, run, [spec])
+    return EMPTY
+
+
+@router.post("/runs/log-parameter")
+def log_parameter(spec: LogParam, project: ProjectDep, session: SessionDep) -> dict:
+    mrun, run = repo.get_run(session, project.id, spec.run_id)
+    repo.log_params(session, mrun, run, [spec])
+    return EMPTY
+
+
+@router.post("/runs/set-tag")
+def set_tag(spec: SetTag, project: ProjectDep, session: SessionDep) -> dict:
+    mrun, run = repo.get_run(session, project.id, spec.run_id)
+    repo.set_tags(session, mrun, run, [spec])
+    return EMPTY
+
+
+@router.post("/runs/delete-tag")
+def delete_tag(spec: DeleteTag, project: ProjectDep, session: SessionDep) -> dict:
+    mrun, _run = repo.get_run(session, project.id, spec.run_id)
+    repo.delete_tag(session, mrun, spec.key)
+    return EMPTY
+
+
+@router.post("/runs/log-batch")
+def log_batch(spec: LogBatch, project: ProjectDep, session: SessionDep) -> dict:
+    mrun, run = repo.get_run(session, project.id, spec.run_id)
+    if spec.params:
+        repo.log_params(session, mrun, run, spec.params)
+    if spec.tags:
+        repo.set_tags(session, mrun, run, spec.tags)
+    if spec.metrics:
+        repo.log_metrics(session, mrun, run, spec.metrics)
+    return EMPTY
+
+
+@router.get("/metrics/get-history")
+def get_metric_history(
+    project: ProjectDep,
+    session: SessionDep,
+    metric_key: Annotated[str, Query(min_length=1)],
+    run_id: Annotated[str | None, Query()] = None,
+    run_uuid: Annotated[str | None, Query()] = None,
+) -> Response:
+    mrun, _run = repo.get_run(session, project.id, run_id or run_uuid or "")
+    # json.dumps rather than JSONResponse: values are already made JSON-safe ("NaN" strings).
+    body = {"metrics": repo.metric_history(session, mrun.run_id, metric_key)}
+    return Response(json.dumps(body), media_type="application/json")

@@ -1,0 +1,97 @@
+"""The real MLflow client (mlflow-skinny) against the real service on a real uvicorn."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+
+
+@pytest.fixture
+def tracking(live_server, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"{live_server.url}/mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", live_server.token)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    mlflow.set_tracking_uri(f"{live_server.url}/mlflow")
+    # The fluent API remembers the last experiment process-wide; each test has a fresh service.
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "0")  # set_experiment() writes it; restored after the test
+    yield live_server
+    if mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
+def api(server, path, **params):
+    response = httpx.get(f"{server.url}{path}", params=params, headers={"Authorization": f"Bearer {server.token}"})
+    response.raise_for_status()
+    return response.json()
+
+
+def test_mlflow_client_round_trip(tracking):
+    mlflow.set_experiment("qwen3-30b-grpo")
+    with mlflow.start_run(run_name="dapo-seed1") as active:
+        mlflow.log_param("actor_rollout_ref.actor.optim.lr", 1e-6)
+        mlflow.log_params({"algorithm.adv_estimator": "grpo", "data.train_batch_size": 256})
+        mlflow.set_tag("moeproxy.framework", "verl")
+        mlflow.log_metric("critic/score/mean", 0.1, step=0)
+        for step in range(1, 6):
+            mlflow.log_metrics(
+                {
+                    "critic/score/mean": 0.1 + 0.05 * step,
+                    "actor/ppo_kl": 0.001 * step,
+                    "actor/grad_norm": math.nan if step == 4 else 1.5,
+                    "training/rollout_probs_diff_mean": math.inf if step == 5 else 0.01,
+                },
+                step=step,
+            )
+        run_uuid = active.info.run_id
+
+    client = mlflow.tracking.MlflowClient()
+    fetched = client.get_run(run_uuid)
+    assert fetched.info.status == "FINISHED"
+    assert fetched.info.run_name == "dapo-seed1"
+    assert fetched.data.params["algorithm.adv_estimator"] == "grpo"
+    assert fetched.data.metrics["critic/score/mean"] == pytest.approx(0.35)
+    history = client.get_metric_history(run_uuid, "actor/grad_norm")
+    assert [m.step for m in history] == [1, 2, 3, 4, 5]
+    assert math.isnan(history[3].value)
+
+    # The same data through moeproxy's own API: the experiment is the run's namespace.
+    (run,) = api(tracking, "/api/v1/runs")["runs"]
+    assert run["name"] == "qwen3-30b-grpo/dapo-seed1"
+    assert run["status"] == "finished" and run["framework"] == "verl"
+    assert run["config"]["params"]["actor_rollout_ref.actor.optim.lr"] == "1e-06"
+    series = api(tracking, f"/api/v1/runs/{run['id']}/metrics")["metrics"]
+    assert series["critic/score/mean"]["steps"] == [0, 1, 2, 3, 4, 5]
+    assert series["actor/grad_norm"]["values"][3] == "NaN"
+    assert series["training/rollout_probs_diff_mean"]["values"][4] == "Infinity"
+
+
+def test_default_experiment_and_resume_by_name(tracking):
+    with mlflow.start_run(run_name="plain") as first:
+        mlflow.log_metric("loss", 1.0, step=0)
+    with mlflow.start_run(run_name="plain") as second:  # a restarted job reusing its run name
+        mlflow.log_metric("loss", 0.5, step=1)
+    assert first.info.experiment_id == second.info.experiment_id == "0"
+    (run,) = api(tracking, "/api/v1/runs")["runs"]
+    assert run["name"] == "plain"
+    assert api(tracking, f"/api/v1/runs/{run['id']}/metrics")["metrics"]["loss"]["steps"] == [0, 1]
+
+
+def test_errors_are_mlflow_shaped(tracking, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.tracking.MlflowClient()
+    with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST|not found"):
+        client.get_run("0" * 32)
+    client.create_experiment("dup")
+    with pytest.raises(MlflowException, match="already exists"):
+        client.create_experiment("dup")
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "not-a-token")
+    with pytest.raises(MlflowException):
+        client.get_experiment_by_name("dup")
+    response = httpx.post(f"{tracking.url}/mlflow/api/2.0/mlflow/runs/create", json={"experiment_id": "0"})
+    assert response.status_code == 401 and response.json()["error_code"] == "UNAUTHENTICATED"
