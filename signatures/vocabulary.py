@@ -45,6 +45,12 @@ CANONICAL_METRICS: dict[str, CanonicalMetric] = {
         CanonicalMetric("advantage_mean", "mean advantage"),
         CanonicalMetric("routing_agreement", "share of tokens whose rollout and trainer top-k experts agree"),
         CanonicalMetric("expert_entropy", "expert-utilisation entropy (MoE)"),
+        CanonicalMetric("rollout_train_logp_diff_std", "spread of the rollout/trainer log-prob discrepancy"),
+        CanonicalMetric("rollout_kl", "KL between the rollout-engine and trainer distributions"),
+        CanonicalMetric("value_loss", "critic (value) loss"),
+        CanonicalMetric("zero_std_frac", "share of prompt groups whose rewards all tie (no GRPO signal)"),
+        CanonicalMetric("step_time_s", "wall time of one RL step"),
+        CanonicalMetric("peak_memory_mb", "peak accelerator memory of one RL step"),
     )
 }
 
@@ -57,7 +63,11 @@ _TABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "openrlhf": ("train/reward",),
         "mindspeed_rl": ("grpo/score/mean",),
     },
-    "reward_std": {"trl": ("reward_std",), "verl": ("critic/score/std",)},
+    "reward_std": {
+        "trl": ("reward_std",),
+        "verl": ("critic/score/std", "critic/rewards/std"),
+        "openrlhf": ("train/reward_std",),
+    },
     "kl": {
         "verl": ("actor/kl_loss",),
         "trl": ("kl",),
@@ -72,19 +82,21 @@ _TABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "rollout_train_logp_diff": {
         "verl": (
             "training/rollout_probs_diff_mean",
-            "rollout_corr/kl",
-            "rollout_corr/k3_kl",
             "rollout_corr/log_ppl_diff",
         ),
         "trl": ("sampling/sampling_logp_difference/mean",),
-        "openrlhf": ("train/vllm_kl",),
     },
+    # verl's rollout-correction KL estimators are a separate canonical metric: they live in
+    # log space while training/rollout_probs_diff_* is |p_rollout - p_train| in probability space,
+    # and a verl run logs both (a fingerprint must not collapse two different signals into one).
+    "rollout_kl": {"verl": ("rollout_corr/kl", "rollout_corr/k3_kl"), "openrlhf": ("train/vllm_kl",)},
+    "rollout_train_logp_diff_std": {"verl": ("training/rollout_probs_diff_std",)},
     "rollout_train_logp_diff_max": {
         "verl": ("training/rollout_probs_diff_max",),
         "trl": ("sampling/sampling_logp_difference/max",),
     },
     "importance_ratio": {
-        "verl": ("rollout_corr/rollout_is_mean",),
+        "verl": ("rollout_corr/rollout_is_mean", "rollout_corr/is_mean"),
         "trl": ("sampling/importance_sampling_ratio/mean",),
     },
     "entropy": {
@@ -122,9 +134,13 @@ _TABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "openrlhf": ("train/actor_lr",),
         "mindspeed_rl": ("actor/lr",),
     },
-    "advantage_mean": {"verl": ("critic/advantages/mean",)},
+    "advantage_mean": {"verl": ("critic/advantages/mean",), "openrlhf": ("train/advantages_mean",)},
     "routing_agreement": {"verl": ("moe/routing_agreement",)},
     "expert_entropy": {"verl": ("moe/expert_entropy",)},
+    "value_loss": {"verl": ("critic/vf_loss",), "openrlhf": ("train/critic_loss",)},
+    "zero_std_frac": {"verl": ("critic/score/zero_std_frac",), "trl": ("frac_reward_zero_std",)},
+    "step_time_s": {"verl": ("timing_s/step",)},
+    "peak_memory_mb": {"verl": ("perf/peak_memory_mb",)},
 }
 
 DEFAULT_ALIASES: tuple[MetricAlias, ...] = tuple(

@@ -1,0 +1,226 @@
+"""Building fingerprints from reproduction traces (pure: reads runs, never runs the engine).
+
+A fingerprint is built from several fault runs of one (class, variant, parameters) on a proxy,
+each with its healthy twin when the campaign recorded one. Every run goes through the same
+run-alone signature extraction as a production run (:mod:`moeproxy.signatures.features`), so the
+fingerprint stores exactly what triage can observe. The twins decide which metrics the fault
+*affects*: a metric counts as affected when most fault runs show a change that their twins do not
+(or a different one), or when it goes non-finite.
+
+``load_trace_dir`` reads the reproduction engine's output directory (``manifest.json``,
+``<fault>-seed<k>.jsonl``, ``healthy-seed<k>.jsonl``; issue 6 / docs of ``moeproxy reproduce``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from moeproxy.reproduction.catalogue import FAULT_CLASSES
+from moeproxy.signatures.canonical import RunMetrics, canonicalise, load_run
+from moeproxy.signatures.errors import InvalidRun, UnknownFaultClass
+from moeproxy.signatures.features import DEFAULT_PARAMS, RunSignature, SignatureParams, run_signature
+from moeproxy.signatures.fingerprint import Fingerprint, MetricExpectation
+
+#: Metrics that describe the machine, not the training: never part of a fingerprint.
+EXCLUDED_METRICS = frozenset({"step_time_s", "peak_memory_mb", "timing_s/step", "perf/peak_memory_mb"})
+
+
+@dataclass(frozen=True)
+class TraceSet:
+    """One reproduction output directory: fault runs and healthy twins, keyed by seed."""
+
+    fault_class: str
+    variant: str
+    params: Mapping[str, Any]
+    fault_runs: Mapping[int, RunMetrics]
+    healthy_runs: Mapping[int, RunMetrics]
+    manifest: Mapping[str, Any]
+    path: Path | None = None
+
+
+_SEED_FILE = re.compile(r"^(?P<name>.+)-seed(?P<seed>\d+)\.jsonl$")
+
+
+def load_trace_dir(path: str | Path) -> TraceSet:
+    """Read ``DIR/manifest.json`` and the ``*-seed<k>.jsonl`` traces next to it."""
+    d = Path(path)
+    try:
+        manifest = json.loads((d / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise InvalidRun(f"{d}: no manifest.json") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidRun(f"{d / 'manifest.json'}: not JSON ({exc.msg})") from None
+    fault = _fault_of(manifest)
+    fault_runs: dict[int, RunMetrics] = {}
+    healthy: dict[int, RunMetrics] = {}
+    for f in sorted(d.glob("*-seed*.jsonl")):
+        m = _SEED_FILE.match(f.name)
+        if not m:
+            continue
+        seed = int(m.group("seed"))
+        run = load_run(f, framework="verl")
+        if m.group("name") == "healthy":
+            healthy[seed] = run
+        elif m.group("name") == fault["class"]:
+            fault_runs[seed] = run
+    if fault["class"] == "healthy":
+        fault_runs = fault_runs or healthy
+    if not fault_runs:
+        raise InvalidRun(f"{d}: no {fault['class']}-seed<k>.jsonl trace")
+    return TraceSet(fault["class"], fault["variant"], fault["params"], fault_runs, healthy, manifest, d)
+
+
+def _fault_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    # The engine's manifest names the fault either as a string with "params"/"variant" next to it
+    # or as an object {"class"|"name", "variant", "params"}; read both.
+    raw = manifest.get("fault")
+    if isinstance(raw, Mapping):
+        cls = raw.get("class") or raw.get("name") or raw.get("fault_class")
+        params = dict(raw.get("params") or {})
+        variant = raw.get("variant") or params.get("variant")
+    else:
+        cls = raw or manifest.get("fault_class")
+        params = dict(manifest.get("params") or manifest.get("fault_params") or {})
+        variant = manifest.get("variant") or params.get("variant")
+    if cls not in FAULT_CLASSES:
+        raise UnknownFaultClass(f"manifest names fault class {cls!r}, not in the catalogue")
+    variant = str(variant or FAULT_CLASSES[cls].variants[0])
+    return {"class": cls, "variant": variant, "params": params}
+
+
+def signatures_of(runs: Sequence[RunMetrics], params: SignatureParams) -> list[RunSignature]:
+    return [run_signature(canonicalise(r), params) for r in runs]
+
+
+def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
+                      healthy_runs: Sequence[RunMetrics] = (), *, variant: str | None = None,
+                      params: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
+                      fingerprint_id: str | None = None,
+                      signature_params: SignatureParams = DEFAULT_PARAMS) -> Fingerprint:
+    """One fingerprint from several runs of the same fault (and their healthy twins, same order)."""
+    if fault_class not in FAULT_CLASSES:
+        raise UnknownFaultClass(f"unknown fault class {fault_class!r}")
+    if not fault_runs:
+        raise InvalidRun("a fingerprint needs at least one fault run")
+    fc = FAULT_CLASSES[fault_class]
+    sigs = signatures_of(fault_runs, signature_params)
+    twins = signatures_of(healthy_runs, signature_params) if fault_class != "healthy" else []
+    names = _common_metrics(sigs)
+    affected = {m: _is_affected(m, sigs, twins, fault_class) for m in names}
+    if fault_class != "healthy" and not any(affected.values()):
+        # Nothing separates the fault from its twins: keep every changed metric, so the fingerprint
+        # still says what a run of this fault looks like on its own.
+        affected = {m: _majority([s.metrics[m].direction for s in sigs])[0] != 0 for m in names}
+    affected_names = [m for m in names if affected[m]]
+    onsets = [s.onset_of(affected_names) for s in sigs]
+    aligned = fault_class != "healthy" and sum(o is not None for o in onsets) * 2 >= len(sigs)
+    pre = signature_params.trace_pre
+    metrics = {m: _expectation(m, sigs, onsets if aligned else [None] * len(sigs), affected[m], pre)
+               for m in names}
+    prov = dict(provenance or {})
+    prov.setdefault("n_runs", len(fault_runs))
+    prov.setdefault("n_twins", len(healthy_runs))
+    vid = variant or fc.variants[0]
+    fid = fingerprint_id or f"{fault_class}/{vid}/{_params_key(params or {})}"
+    return Fingerprint(fid, fault_class, fc.family, vid, dict(params or {}), aligned, pre, metrics, prov)
+
+
+def fingerprint_from_trace_set(ts: TraceSet, *, signature_params: SignatureParams = DEFAULT_PARAMS,
+                               source: str = "proxy", fingerprint_id: str | None = None) -> Fingerprint:
+    seeds = sorted(ts.fault_runs)
+    twins = [ts.healthy_runs[s] for s in seeds if s in ts.healthy_runs]
+    if len(twins) != len(seeds):
+        twins = []
+    prov = {
+        "source": source,
+        "model": ts.manifest.get("model"),
+        "proxy_report": ts.manifest.get("proxy_report"),
+        "params": dict(ts.params),
+        "seeds": seeds,
+        "runs": [f"{ts.fault_class}-seed{s}.jsonl" for s in seeds],
+        "trace_dir": None if ts.path is None else str(ts.path),
+        "engine": ts.manifest.get("engine") or ts.manifest.get("backend"),
+        "steps": ts.manifest.get("steps"),
+    }
+    return build_fingerprint(ts.fault_class, [ts.fault_runs[s] for s in seeds], twins, variant=ts.variant,
+                             params=ts.params, provenance=prov, fingerprint_id=fingerprint_id,
+                             signature_params=signature_params)
+
+
+def _params_key(params: Mapping[str, Any]) -> str:
+    if not params:
+        return "default"
+    return ",".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def _common_metrics(sigs: Sequence[RunSignature]) -> list[str]:
+    counts = Counter(m for s in sigs for m in s.metrics)
+    keep = [m for m, c in counts.items() if c * 2 >= len(sigs) and m not in EXCLUDED_METRICS]
+    return sorted(keep)
+
+
+def _majority(values: Sequence[int]) -> tuple[int, float]:
+    if not values:
+        return 0, 0.0
+    (value, count), = Counter(values).most_common(1)
+    return int(value), count / len(values)
+
+
+def _is_affected(m: str, sigs: Sequence[RunSignature], twins: Sequence[RunSignature], fault_class: str) -> bool:
+    fault_dirs = [s.metrics[m].direction for s in sigs if m in s.metrics]
+    nonfinite = np.mean([s.metrics[m].has_nonfinite for s in sigs if m in s.metrics])
+    direction, share = _majority(fault_dirs)
+    if fault_class == "healthy":
+        return direction != 0 and share >= 0.5
+    twin_nonfinite = np.mean([t.metrics[m].has_nonfinite for t in twins if m in t.metrics]) if twins else 0.0
+    if nonfinite >= 0.5 and twin_nonfinite < 0.5:
+        return True
+    if direction == 0 or share < 0.5:
+        return False
+    if not twins:
+        return True
+    twin_dir, _ = _majority([t.metrics[m].direction for t in twins if m in t.metrics])
+    if twin_dir != direction:
+        return True
+    # Same direction as the twins: affected only when the fault makes the change much larger.
+    fz = np.median([abs(s.metrics[m].effect_z) for s in sigs if m in s.metrics])
+    tz = np.median([abs(t.metrics[m].effect_z) for t in twins if m in t.metrics])
+    return bool(fz > 3.0 * max(tz, 1.0))
+
+
+def _expectation(m: str, sigs: Sequence[RunSignature], onsets: Sequence[int | None], affected: bool,
+                 pre: int) -> MetricExpectation:
+    present = [(s, o) for s, o in zip(sigs, onsets, strict=True) if m in s.metrics]
+    ms = [s.metrics[m] for s, _ in present]
+    direction, agreement = _majority([x.direction for x in ms])
+    trend, _ = _majority([x.trend for x in ms])
+    lags = [x.onset_index - o for x, (_, o) in zip(ms, present, strict=True)
+            if o is not None and x.onset_index is not None]
+    ratios = [np.log10(x.ratio) for x in ms if x.ratio is not None and x.ratio > 0]
+    traces: list[tuple[float, ...]] = []
+    if affected:
+        for s, o in present:
+            if o is not None:
+                t = s.effect_trace(m, o)
+                if t.size > pre:
+                    traces.append(tuple(float(v) for v in t))
+    return MetricExpectation(
+        source=ms[0].source,
+        role="affected" if affected else "unaffected",
+        direction=direction,
+        agreement=agreement,
+        trend=trend,
+        onset_lag=float(np.median(lags)) if lags and affected else None,
+        onset_lag_spread=float(np.std(lags)) if len(lags) > 1 and affected else 0.0,
+        log10_ratio=float(np.median(ratios)) if ratios else None,
+        effect_z=float(np.clip(np.median([x.effect_z for x in ms]), -1e6, 1e6)),
+        nonfinite_rate=float(np.mean([x.has_nonfinite for x in ms])),
+        traces=tuple(traces),
+    )

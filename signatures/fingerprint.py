@@ -1,0 +1,388 @@
+"""The fingerprint model and the library file format (docs/fingerprints.md).
+
+A :class:`Fingerprint` describes one fault class (one variant and parameter set) the way a run
+alone shows it — so a production run without a healthy twin can be compared with it:
+
+- per canonical metric: its role (``affected`` by the fault or ``unaffected``), the expected
+  direction of change against the pre-onset baseline, the post-onset trend, the onset lag relative
+  to the class onset (earliest onset among the affected metrics), the level-shift ratio, how often
+  the metric went non-finite, and representative effect traces (baseline units, aligned on the
+  class onset) from several proxy runs;
+- provenance: model, proxy report, fault parameters, seeds, the runs it was built from.
+
+A :class:`FingerprintLibrary` is a list of fingerprints plus the signature parameters they were
+built with and the calibrated ``strong`` threshold. ``load_library`` validates every field and
+raises :class:`InvalidLibrary` naming the path of the first bad one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from moeproxy.reproduction.catalogue import FAMILIES, FAULT_CLASSES
+from moeproxy.signatures.errors import InvalidLibrary, UnknownFaultClass
+from moeproxy.signatures.features import SignatureParams
+
+FORMAT_VERSION = 1
+LIBRARY_FILE = "fingerprints.json"
+MANIFEST_FILE = "manifest.json"
+ROLES = ("affected", "unaffected")
+DEFAULT_STRONG_THRESHOLD = 0.6
+
+
+@dataclass(frozen=True)
+class MetricExpectation:
+    source: str  # the name the proxy runs logged it under (verl names)
+    role: str
+    direction: int  # +1 / -1 / 0 against the pre-onset baseline
+    agreement: float  # share of the runs that showed that direction
+    trend: int  # post-onset trend sign
+    onset_lag: float | None  # grid points after the class onset; None: no own onset
+    onset_lag_spread: float
+    log10_ratio: float | None  # median log10(post/pre) level ratio
+    effect_z: float  # median shift in baseline-noise units
+    nonfinite_rate: float  # share of runs where it went NaN/inf
+    traces: tuple[tuple[float, ...], ...] = ()  # effect traces, trace_pre points before the onset
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}")
+        if self.direction not in (-1, 0, 1) or self.trend not in (-1, 0, 1):
+            raise ValueError("direction and trend must be -1, 0 or 1")
+
+    @property
+    def affected(self) -> bool:
+        return self.role == "affected"
+
+    def mean_trace(self) -> np.ndarray | None:
+        """The expected shape (mean of the representative traces, truncated to the shortest)."""
+        if not self.traces:
+            return None
+        n = min(len(t) for t in self.traces)
+        return np.mean([np.asarray(t[:n]) for t in self.traces], axis=0)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    id: str
+    fault_class: str
+    family: str
+    variant: str
+    params: Mapping[str, Any]
+    aligned: bool  # effect traces and onset lags are meaningful (False for healthy)
+    trace_pre: int
+    metrics: Mapping[str, MetricExpectation]
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def affected_metrics(self) -> tuple[str, ...]:
+        return tuple(m for m, e in self.metrics.items() if e.affected)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["params"] = dict(self.params)
+        d["provenance"] = dict(self.provenance)
+        d["metrics"] = {m: _expectation_to_dict(e) for m, e in self.metrics.items()}
+        return d
+
+
+def _expectation_to_dict(e: MetricExpectation) -> dict[str, Any]:
+    d = asdict(e)
+    d["traces"] = [[_round(v) for v in t] for t in e.traces]
+    for k in ("onset_lag", "onset_lag_spread", "log10_ratio", "effect_z", "agreement", "nonfinite_rate"):
+        if d[k] is not None:
+            d[k] = _round(d[k])
+    return d
+
+
+def _round(v: float) -> float:
+    return float(f"{v:.6g}")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    strong_threshold: float = DEFAULT_STRONG_THRESHOLD
+    method: str = "default (not calibrated)"
+    n_heldout: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.strong_threshold <= 1.0:
+            raise ValueError("strong_threshold must lie in [0, 1]")
+
+
+@dataclass(frozen=True)
+class FingerprintLibrary:
+    fingerprints: tuple[Fingerprint, ...]
+    params: SignatureParams = field(default_factory=SignatureParams)
+    calibration: Calibration = field(default_factory=Calibration)
+    generator: Mapping[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def fault_classes(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for f in self.fingerprints:
+            seen.setdefault(f.fault_class, None)
+        return tuple(seen)
+
+    def of_class(self, fault_class: str) -> tuple[Fingerprint, ...]:
+        out = tuple(f for f in self.fingerprints if f.fault_class == fault_class)
+        if not out:
+            raise UnknownFaultClass(f"no fingerprint of class {fault_class!r} in the library")
+        return out
+
+    def get(self, fingerprint_id: str) -> Fingerprint:
+        for f in self.fingerprints:
+            if f.id == fingerprint_id:
+                return f
+        raise UnknownFaultClass(f"no fingerprint {fingerprint_id!r} in the library")
+
+    def without_class(self, fault_class: str) -> FingerprintLibrary:
+        """The library with one class left out (the leave-one-class-out benchmark)."""
+        keep = tuple(f for f in self.fingerprints if f.fault_class != fault_class)
+        return FingerprintLibrary(keep, self.params, self.calibration, self.generator, self.format_version)
+
+    def with_calibration(self, calibration: Calibration) -> FingerprintLibrary:
+        return FingerprintLibrary(self.fingerprints, self.params, calibration, self.generator,
+                                  self.format_version)
+
+    @cached_property
+    def trace_index(self) -> dict[tuple[str, int], tuple[np.ndarray, list[int]]]:
+        """(metric, length) -> stacked, z-normalised traces truncated to that length and the
+        fingerprint index of each row; filled lazily by matching (one cdist call per metric)."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "generator": dict(self.generator),
+            "params": asdict(self.params),
+            "calibration": asdict(self.calibration),
+            "fingerprints": [f.to_dict() for f in self.fingerprints],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# reading and writing
+
+
+def resolve_library_path(path: str | Path | None = None) -> Path:
+    """The library file: ``path`` (a file or a directory holding fingerprints.json), else
+    ``MOEPROXY_FINGERPRINTS`` (Settings.fingerprints), else the shipped library."""
+    if path is None:
+        from moeproxy.config import get_settings
+
+        path = get_settings().fingerprints
+    if path is None:
+        path = shipped_library_dir()
+    p = Path(path)
+    return p / LIBRARY_FILE if p.is_dir() else p
+
+
+def shipped_library_dir() -> Path:
+    return Path(__file__).resolve().parent / "library"
+
+
+def load_library(path: str | Path | None = None) -> FingerprintLibrary:
+    p = resolve_library_path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InvalidLibrary(str(p), "no such file") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidLibrary(str(p), f"not JSON ({exc.msg} at line {exc.lineno})") from None
+    return library_from_dict(doc)
+
+
+def save_library(library: FingerprintLibrary, path: str | Path, *,
+                 manifest: Mapping[str, Any] | None = None) -> Path:
+    """Write ``fingerprints.json`` (and ``manifest.json`` next to it when given) into a directory,
+    or to the file ``path`` when it ends in ``.json``."""
+    p = Path(path)
+    target = p if p.suffix == ".json" else p / LIBRARY_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(library.to_dict(), indent=1, allow_nan=False) + "\n"
+    library_from_dict(json.loads(text))  # never write a file the loader would refuse
+    target.write_text(text)
+    if manifest is not None:
+        m = dict(manifest)
+        m["library_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        m["fingerprints"] = len(library.fingerprints)
+        m["classes"] = {c: len(library.of_class(c)) for c in library.fault_classes}
+        (target.parent / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")
+    return target
+
+
+def library_from_dict(doc: Any) -> FingerprintLibrary:
+    v = _Validator()
+    return v.library(doc)
+
+
+class _Validator:
+    """Turns the JSON document into the model, naming the path of the first bad field."""
+
+    def library(self, doc: Any) -> FingerprintLibrary:
+        self.obj(doc, "")
+        version = self.get(doc, "format_version", "", int)
+        if version != FORMAT_VERSION:
+            raise InvalidLibrary("format_version", f"unsupported version {version} (this reads {FORMAT_VERSION})")
+        generator = doc.get("generator", {})
+        self.obj(generator, "generator")
+        params = self.params(doc.get("params", {}), "params")
+        calibration = self.calibration(doc.get("calibration", {}), "calibration")
+        fps = self.get(doc, "fingerprints", "", list)
+        out = tuple(self.fingerprint(f, f"fingerprints[{i}]") for i, f in enumerate(fps))
+        ids = [f.id for f in out]
+        for i, fid in enumerate(ids):
+            if ids.index(fid) != i:
+                raise InvalidLibrary(f"fingerprints[{i}].id", f"duplicate id {fid!r}")
+        return FingerprintLibrary(out, params, calibration, generator, version)
+
+    def params(self, d: Any, path: str) -> SignatureParams:
+        self.obj(d, path)
+        known = {f.name: f.type for f in fields(SignatureParams)}
+        kwargs = {}
+        for k, val in d.items():
+            if k not in known:
+                raise InvalidLibrary(f"{path}.{k}", "unknown signature parameter")
+            if isinstance(val, bool) or not isinstance(val, int | float):
+                raise InvalidLibrary(f"{path}.{k}", "must be a number")
+            kwargs[k] = val
+        try:
+            return SignatureParams(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise InvalidLibrary(path, str(exc)) from None
+
+    def calibration(self, d: Any, path: str) -> Calibration:
+        self.obj(d, path)
+        thr = d.get("strong_threshold", DEFAULT_STRONG_THRESHOLD)
+        self.number(thr, f"{path}.strong_threshold", lo=0.0, hi=1.0)
+        method = d.get("method", Calibration.method)
+        if not isinstance(method, str):
+            raise InvalidLibrary(f"{path}.method", "must be a string")
+        n = d.get("n_heldout", 0)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidLibrary(f"{path}.n_heldout", "must be an integer >= 0")
+        return Calibration(float(thr), method, n)
+
+    def fingerprint(self, d: Any, path: str) -> Fingerprint:
+        self.obj(d, path)
+        fid = self.get(d, "id", path, str)
+        fc = self.get(d, "fault_class", path, str)
+        if fc not in FAULT_CLASSES:
+            raise InvalidLibrary(f"{path}.fault_class", f"unknown fault class {fc!r} (SPEC section 3)")
+        family = self.get(d, "family", path, str)
+        if family not in FAMILIES:
+            raise InvalidLibrary(f"{path}.family", f"unknown family {family!r}")
+        if family != FAULT_CLASSES[fc].family:
+            raise InvalidLibrary(f"{path}.family", f"{fc} belongs to {FAULT_CLASSES[fc].family!r}")
+        variant = self.get(d, "variant", path, str)
+        params = self.get(d, "params", path, dict)
+        aligned = self.get(d, "aligned", path, bool)
+        trace_pre = self.get(d, "trace_pre", path, int)
+        if trace_pre < 0:
+            raise InvalidLibrary(f"{path}.trace_pre", "must be >= 0")
+        metrics_doc = self.get(d, "metrics", path, dict)
+        if not metrics_doc:
+            raise InvalidLibrary(f"{path}.metrics", "must name at least one metric")
+        metrics = {m: self.expectation(e, f"{path}.metrics.{m}") for m, e in metrics_doc.items()}
+        provenance = d.get("provenance", {})
+        self.obj(provenance, f"{path}.provenance")
+        return Fingerprint(fid, fc, family, variant, params, aligned, trace_pre, metrics, provenance)
+
+    def expectation(self, d: Any, path: str) -> MetricExpectation:
+        self.obj(d, path)
+        source = self.get(d, "source", path, str)
+        role = self.get(d, "role", path, str)
+        if role not in ROLES:
+            raise InvalidLibrary(f"{path}.role", f"must be one of {list(ROLES)}")
+        direction = self.get(d, "direction", path, int)
+        if direction not in (-1, 0, 1):
+            raise InvalidLibrary(f"{path}.direction", "must be -1, 0 or 1")
+        trend = d.get("trend", 0)
+        if isinstance(trend, bool) or trend not in (-1, 0, 1):
+            raise InvalidLibrary(f"{path}.trend", "must be -1, 0 or 1")
+        agreement = self.number(d.get("agreement", 1.0), f"{path}.agreement", lo=0.0, hi=1.0)
+        lag = d.get("onset_lag")
+        if lag is not None:
+            lag = self.number(lag, f"{path}.onset_lag")
+        spread = self.number(d.get("onset_lag_spread", 0.0), f"{path}.onset_lag_spread", lo=0.0)
+        ratio = d.get("log10_ratio")
+        if ratio is not None:
+            ratio = self.number(ratio, f"{path}.log10_ratio")
+        effect = self.number(d.get("effect_z", 0.0), f"{path}.effect_z")
+        nfr = self.number(d.get("nonfinite_rate", 0.0), f"{path}.nonfinite_rate", lo=0.0, hi=1.0)
+        traces_doc = d.get("traces", [])
+        if not isinstance(traces_doc, list):
+            raise InvalidLibrary(f"{path}.traces", "must be a list of lists of numbers")
+        traces = []
+        for i, t in enumerate(traces_doc):
+            if not isinstance(t, list) or not t:
+                raise InvalidLibrary(f"{path}.traces[{i}]", "must be a non-empty list of numbers")
+            for j, v in enumerate(t):
+                self.number(v, f"{path}.traces[{i}][{j}]")
+            traces.append(tuple(float(v) for v in t))
+        return MetricExpectation(source, role, direction, agreement, trend, lag, spread, ratio, effect,
+                                 nfr, tuple(traces))
+
+    # -- primitives
+
+    @staticmethod
+    def obj(d: Any, path: str) -> None:
+        if not isinstance(d, dict):
+            raise InvalidLibrary(path or "$", "must be a JSON object")
+
+    @staticmethod
+    def get(d: Mapping[str, Any], key: str, path: str, kind: type) -> Any:
+        where = f"{path}.{key}" if path else key
+        if key not in d:
+            raise InvalidLibrary(where, "missing")
+        val = d[key]
+        ok = isinstance(val, kind) and not (kind is int and isinstance(val, bool))
+        if not ok:
+            raise InvalidLibrary(where, f"must be {_KIND_NAMES.get(kind, kind.__name__)}")
+        return val
+
+    @staticmethod
+    def number(v: Any, path: str, *, lo: float | None = None, hi: float | None = None) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InvalidLibrary(path, "must be a finite number")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise InvalidLibrary(path, f"must lie in [{lo}, {hi}]")
+        return float(v)
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list"}
+
+
+def merge_libraries(libraries: Iterable[FingerprintLibrary]) -> FingerprintLibrary:
+    libs = list(libraries)
+    if not libs:
+        return FingerprintLibrary(())
+    fps: list[Fingerprint] = []
+    for lib in libs:
+        fps.extend(lib.fingerprints)
+    first = libs[0]
+    return FingerprintLibrary(tuple(fps), first.params, first.calibration, first.generator)
+
+
+def describe(fp: Fingerprint) -> dict[str, Any]:
+    """A short summary for ``fingerprints list/show``."""
+    return {
+        "id": fp.id,
+        "fault_class": fp.fault_class,
+        "family": fp.family,
+        "variant": fp.variant,
+        "params": dict(fp.params),
+        "affected": {m: e.direction for m, e in fp.metrics.items() if e.affected},
+        "runs": len(fp.provenance.get("runs", [])) or fp.provenance.get("n_runs"),
+        "source": fp.provenance.get("source"),
+    }

@@ -1,0 +1,366 @@
+"""Matching a run against the fingerprint library: scores, strength, evidence, verdict.
+
+For each fingerprint, over the canonical metrics the fingerprint and the run share:
+
+- **direction** — the run's change against its own pre-onset baseline (features.py) vs the
+  expected direction; a metric the fingerprint calls unaffected but the run shows changing counts
+  as a disagreement with full weight;
+- **shape** — banded DTW between the run's z-normalised effect trace and the fingerprint's
+  representative traces (aligned on the class onset: the earliest onset among the class's
+  affected metrics), best of the representatives;
+- **timing** — the onset lag of each affected metric after the class onset vs the fingerprint's;
+- **non-finite events** — expected NaN/inf (``gradient_overflow``) present, or unexpected ones;
+- **magnitude** — the level-shift ratio, a light term (proxy and production scales differ).
+
+The weighted mean (weights in :data:`WEIGHTS`) is multiplied by a coverage factor (a run that logs
+only some of the affected metrics cannot match fully), giving a score in [0, 1]. A class scores
+as its best fingerprint. ``strong`` means score ≥ the library's calibrated threshold.
+
+Partial runs work as they are: the effect traces are shorter and fingerprint traces are truncated
+to the same length before DTW.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from moeproxy.reproduction.catalogue import FAMILIES
+from moeproxy.signatures import dtw
+from moeproxy.signatures.canonical import CanonicalRun, RunMetrics, canonicalise
+from moeproxy.signatures.features import MetricSignature, RunSignature, run_signature
+from moeproxy.signatures.fingerprint import Fingerprint, FingerprintLibrary, MetricExpectation
+from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, MetricAlias
+
+
+@dataclass(frozen=True)
+class Weights:
+    direction_affected: float = 1.0
+    direction_unaffected: float = 0.4
+    surprise_change: float = 1.0  # an "unaffected" metric that changed in the run
+    shape: float = 1.0
+    timing: float = 0.5
+    nonfinite: float = 2.0
+    magnitude: float = 0.3
+    shape_sharpness: float = 1.0  # s_shape = exp(-sharpness * dtw^2 / length)
+
+
+WEIGHTS = Weights()
+
+
+@dataclass(frozen=True)
+class MetricMatch:
+    metric: str
+    source: str
+    affected: bool
+    expected_direction: int
+    observed_direction: int | None  # None: the run does not log it
+    direction_score: float | None
+    shape_score: float | None = None
+    dtw_distance: float | None = None
+    timing_score: float | None = None
+    expected_lag: float | None = None
+    observed_lag: int | None = None
+    nonfinite_score: float | None = None
+    magnitude_score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class FingerprintScore:
+    fingerprint: Fingerprint
+    score: float
+    matches: tuple[MetricMatch, ...]
+    onset_index: int | None
+    coverage: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    fault_class: str
+    family: str
+    score: float
+    strength: str
+    evidence: tuple[str, ...]
+    fingerprint_id: str
+    onset_step: int | None
+    matches: tuple[MetricMatch, ...] = ()
+
+    def to_dict(self, *, details: bool = False) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "fault_class": self.fault_class,
+            "family": self.family,
+            "score": round(self.score, 4),
+            "strength": self.strength,
+            "evidence": list(self.evidence),
+        }
+        if details:
+            d["fingerprint_id"] = self.fingerprint_id
+            d["onset_step"] = self.onset_step
+            d["metrics"] = [m.to_dict() for m in self.matches]
+        return d
+
+
+@dataclass(frozen=True)
+class TriageResult:
+    run_id: Any
+    evaluated_at: datetime
+    candidates: tuple[Candidate, ...]
+    verdict: str
+    change_points: Mapping[str, int] = field(default_factory=dict)  # logged name -> onset step
+    last_step: int | None = None
+    strong_threshold: float = 0.0
+
+    @property
+    def top(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    def to_dict(self, *, details: bool = False) -> dict[str, Any]:
+        """The triage object of SPEC section 5; ``details`` adds the matched fingerprint, the
+        per-metric scores and the detected change points (for the triage page's plots)."""
+        d: dict[str, Any] = {
+            "run_id": self.run_id,
+            "evaluated_at": self.evaluated_at.isoformat(),
+            "candidates": [c.to_dict(details=details) for c in self.candidates],
+            "verdict": self.verdict,
+        }
+        if details:
+            d["change_points"] = dict(self.change_points)
+            d["last_step"] = self.last_step
+            d["strong_threshold"] = self.strong_threshold
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLibrary, *,
+           framework: str | None = None, aliases: Iterable[MetricAlias] = DEFAULT_ALIASES,
+           run_id: Any = None, now: datetime | None = None, weights: Weights = WEIGHTS) -> TriageResult:
+    """Rank every fault class of ``library`` (healthy included) for one run."""
+    sig = _signature(run, library, framework, aliases)
+    by_class: dict[str, FingerprintScore] = {}
+    for fp in library.fingerprints:
+        s = score_fingerprint(sig, fp, library, weights)
+        best = by_class.get(fp.fault_class)
+        if best is None or s.score > best.score:
+            by_class[fp.fault_class] = s
+    thr = library.calibration.strong_threshold
+    ranked = sorted(by_class.values(), key=lambda s: (-s.score, s.fingerprint.fault_class))
+    candidates = tuple(_candidate(sig, s, thr) for s in ranked)
+    change_points = {m.source: m.onset_step for m in sig.metrics.values() if m.onset_step is not None}
+    return TriageResult(
+        run_id=run_id,
+        evaluated_at=now or datetime.now(UTC),
+        candidates=candidates,
+        verdict=verdict(candidates),
+        change_points=change_points,
+        last_step=int(sig.steps[-1]) if sig.steps.size else None,
+        strong_threshold=thr,
+    )
+
+
+def _signature(run, library, framework, aliases) -> RunSignature:
+    if isinstance(run, RunSignature):
+        return run
+    if isinstance(run, RunMetrics):
+        run = canonicalise(run, aliases=aliases, framework=framework)
+    return run_signature(run, library.params)
+
+
+def verdict(candidates: Sequence[Candidate]) -> str:
+    if not candidates:
+        return "no fingerprints to compare with"
+    top = candidates[0]
+    if top.strength == "strong":
+        if top.fault_class == "healthy":
+            return f"healthy: no fault signature matches (healthy score {top.score:.2f})"
+        second = next((c for c in candidates[1:] if c.strength == "strong"), None)
+        also = f"; also consistent with {second.fault_class} ({second.score:.2f})" if second else ""
+        return f"likely {top.fault_class} ({FAMILIES[top.family]}), score {top.score:.2f}{also}"
+    return (f"no confident match: closest is {top.fault_class} (weak, {top.score:.2f}); "
+            "the fault may be outside the library")
+
+
+def score_fingerprint(sig: RunSignature, fp: Fingerprint, library: FingerprintLibrary | None = None,
+                      weights: Weights = WEIGHTS) -> FingerprintScore:
+    onset = sig.onset_of(fp.affected_metrics) if fp.aligned else None
+    num = den = 0.0
+    cover_have = cover_all = 0.0
+    matches = []
+    for name, exp in fp.metrics.items():
+        w_cover = weights.direction_affected if exp.affected else weights.direction_unaffected
+        cover_all += w_cover
+        ms = sig.metrics.get(name)
+        if ms is None:
+            matches.append(MetricMatch(name, exp.source, exp.affected, exp.direction, None, None))
+            continue
+        cover_have += w_cover
+        parts, match = _metric_parts(sig, ms, exp, fp, onset, weights)
+        matches.append(match)
+        for w, s in parts:
+            num += w * s
+            den += w
+    raw = num / den if den > 0 else 0.0
+    coverage = cover_have / cover_all if cover_all > 0 else 0.0
+    score = raw * (0.5 + 0.5 * coverage)
+    return FingerprintScore(fp, float(np.clip(score, 0.0, 1.0)), tuple(matches), onset, coverage)
+
+
+def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation, fp: Fingerprint,
+                  onset: int | None, w: Weights) -> tuple[list[tuple[float, float]], MetricMatch]:
+    parts: list[tuple[float, float]] = []
+    # direction
+    if exp.direction != 0:
+        s_dir = 1.0 if ms.direction == exp.direction else (0.25 if ms.direction == 0 else 0.0)
+        w_dir = w.direction_affected if exp.affected else w.direction_unaffected
+    else:
+        s_dir = 1.0 if ms.direction == 0 else 0.15
+        w_dir = w.surprise_change if ms.direction != 0 else (
+            w.direction_affected if exp.affected else w.direction_unaffected)
+    parts.append((w_dir, s_dir))
+    # non-finite events
+    s_nf = None
+    if exp.nonfinite_rate >= 0.5 or ms.has_nonfinite:
+        s_nf = 1.0 if ms.has_nonfinite == (exp.nonfinite_rate >= 0.5) else 0.0
+        parts.append((w.nonfinite, s_nf))
+    # shape and timing (aligned fingerprints only)
+    s_shape = d_min = s_time = None
+    lag = None
+    if exp.affected and fp.aligned:
+        if onset is None:
+            if exp.traces:
+                s_shape = 0.0
+                parts.append((w.shape, 0.0))
+        else:
+            if exp.traces:
+                s_shape, d_min = _shape_score(sig, ms.name, onset, exp, fp.trace_pre, w)
+                if s_shape is not None:
+                    parts.append((w.shape, s_shape))
+            if exp.onset_lag is not None:
+                if ms.onset_index is not None:
+                    lag = ms.onset_index - onset
+                    tau = max(2.0, 2.0 * exp.onset_lag_spread)
+                    s_time = math.exp(-abs(lag - exp.onset_lag) / tau)
+                else:
+                    s_time = 0.3
+                parts.append((w.timing, s_time))
+    # magnitude
+    s_mag = None
+    if exp.affected and exp.log10_ratio is not None and ms.ratio is not None and ms.ratio > 0 and exp.direction:
+        s_mag = math.exp(-abs(math.log10(ms.ratio) - exp.log10_ratio))
+        parts.append((w.magnitude, s_mag))
+    match = MetricMatch(ms.name, ms.source, exp.affected, exp.direction, ms.direction, s_dir, s_shape, d_min,
+                        s_time, exp.onset_lag, lag, s_nf, s_mag)
+    return parts, match
+
+
+def _shape_score(sig: RunSignature, name: str, onset: int, exp: MetricExpectation, pre: int,
+                 w: Weights) -> tuple[float | None, float | None]:
+    trace = sig.effect_trace(name, onset, pre=pre)
+    n = min(trace.size, min(len(t) for t in exp.traces))
+    if n < pre + 2:  # too little of the run after the onset to compare shapes
+        return None, None
+    q = dtw.znorm(trace[:n])
+    refs = np.stack([dtw.znorm(np.asarray(t[:n])) for t in exp.traces])
+    d = float(dtw.one_to_many(q, refs, radius=dtw.band_radius(n)).min())
+    return math.exp(-w.shape_sharpness * d * d / n), d
+
+
+# --------------------------------------------------------------------------------------------
+# evidence in plain words
+
+
+def _candidate(sig: RunSignature, s: FingerprintScore, threshold: float) -> Candidate:
+    fp = s.fingerprint
+    strength = "strong" if s.score >= threshold else "weak"
+    onset_step = None if s.onset_index is None else int(sig.steps[s.onset_index])
+    return Candidate(fp.fault_class, fp.family, s.score, strength, tuple(evidence(sig, s)), fp.id,
+                     onset_step, s.matches)
+
+
+def describe_metric(ms: MetricSignature) -> str | None:
+    """One metric's own change in words, or None when it did not change."""
+    src = ms.source
+    if ms.has_nonfinite:
+        kinds = ", ".join(f"{k}×{n}" for k, n in (("NaN", ms.nan_count), ("+inf", ms.posinf_count),
+                                                   ("-inf", ms.neginf_count)) if n)
+        return (f"{src} non-finite from step {ms.first_nonfinite_step} "
+                f"({ms.nonfinite_count} of {ms.n_points} steps: {kinds})")
+    if ms.direction == 0:
+        return None
+    if ms.onset_step is not None:
+        at = f"at step {ms.onset_step}"
+        if ms.ratio is not None and ms.ratio >= 2.0:
+            text = f"{src} jumped ×{_fmt(ms.ratio)} {at}"
+        elif ms.ratio is not None and 0 < ms.ratio <= 0.5:
+            text = f"{src} dropped to ×{_fmt(ms.ratio)} of its baseline {at}"
+        else:
+            verb = "rose" if ms.direction > 0 else "fell"
+            text = f"{src} {verb} by {abs(ms.effect_z):.1f} baseline σ {at}"
+        if ms.trend:
+            text += f", {'rising' if ms.trend > 0 else 'falling'} after it"
+        return text
+    return f"{src} {'rising' if ms.direction > 0 else 'falling'} over the run (no single change point)"
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if x < 1000 else f"{x:.2e}"
+
+
+def evidence(sig: RunSignature, s: FingerprintScore, *, limit: int = 4) -> list[str]:
+    fp = s.fingerprint
+    lines: list[str] = []
+    agree = [m for m in s.matches if m.affected and m.observed_direction is not None
+             and (m.direction_score or 0) >= 1.0 and (m.nonfinite_score is None or m.nonfinite_score > 0)]
+    agree.sort(key=lambda m: (sig.metrics[m.metric].onset_index is None, -(abs(sig.metrics[m.metric].effect_z))))
+    for m in agree:
+        text = describe_metric(sig.metrics[m.metric])
+        if text:
+            lines.append(text)
+        if len(lines) >= limit - 1:
+            break
+    lines.append(_summary(fp, s))
+    contrary = [m for m in s.matches if m.observed_direction is not None and (m.direction_score or 0) <= 0.15]
+    for m in contrary[:2]:
+        seen = describe_metric(sig.metrics[m.metric]) or f"{m.source} did not change"
+        lines.append(f"against {fp.fault_class}: {seen} (expected {_dir_word(m.expected_direction)})")
+    missing = [m.source for m in s.matches if m.affected and m.observed_direction is None]
+    if missing:
+        lines.append(f"not logged by this run: {', '.join(missing[:4])}")
+    return lines
+
+
+def _dir_word(d: int) -> str:
+    return {1: "a rise", -1: "a fall", 0: "no change"}[d]
+
+
+def _summary(fp: Fingerprint, s: FingerprintScore) -> str:
+    aff = [m for m in s.matches if m.affected and m.observed_direction is not None]
+    if fp.fault_class == "healthy":
+        surprises = [m.source for m in s.matches if m.expected_direction == 0 and m.observed_direction]
+        if not surprises:
+            return "no unexpected change point or trend; looks like the healthy reference runs"
+        return f"healthy runs do not show the changes in {', '.join(surprises[:3])}"
+    if not aff:
+        return f"the run logs none of the metrics {fp.fault_class} affects"
+    dir_ok = sum((m.direction_score or 0) >= 1.0 for m in aff) / len(aff)
+    timing = [m.timing_score for m in aff if m.timing_score is not None]
+    shape = [m.shape_score for m in aff if m.shape_score is not None]
+    good = ["direction"]
+    if timing and np.mean(timing) >= 0.6:
+        good.append("timing")
+    if shape and np.mean(shape) >= 0.5:
+        good.append("shape")
+    what = ", ".join(good[:-1]) + " and " + good[-1] if len(good) > 1 else good[0]
+    if dir_ok >= 0.75:
+        return f"matches {fp.fault_class} in {what} ({fp.id})"
+    if dir_ok >= 0.5:
+        return f"partly matches {fp.fault_class}: {dir_ok:.0%} of its affected metrics move as expected"
+    return f"weak resemblance to {fp.fault_class}: only {dir_ok:.0%} of its affected metrics move as expected"
