@@ -1,0 +1,176 @@
+"""MetricsClient against a real uvicorn (stopped and restarted mid-run) on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from moeproxy.client import MetricsClient
+from uvicorn_process import UvicornProcess, free_port
+
+
+def _token(database_url: str, project: str = "client-tests") -> str:
+    from moeproxy.service.db import Database
+    from moeproxy.service.tokens import repository
+
+    db = Database(database_url)
+    try:
+        with db.scope() as s:
+            return repository.create_token(s, project)[1]
+    finally:
+        db.dispose()
+
+
+def _series(url: str, token: str, run_id: int) -> dict:
+    response = httpx.get(f"{url}/api/v1/runs/{run_id}/metrics", headers={"Authorization": f"Bearer {token}"})
+    response.raise_for_status()
+    return response.json()["metrics"]
+
+
+def _values(step: int) -> dict[str, float]:
+    return {
+        "actor/ppo_kl": 0.001 * step,
+        "actor/grad_norm": math.nan if step % 17 == 0 else 0.3 + step / 1000,
+        "critic/score/mean": math.inf if step == 55 else step / 100,
+        "training/rollout_probs_diff_mean": 0.004,
+        "timing_s/step": 40.0 + step,
+    }
+
+
+def _expected(step: int) -> dict[str, float | str]:
+    out = {}
+    for name, v in _values(step).items():
+        out[name] = "NaN" if math.isnan(v) else ("Infinity" if v == math.inf else v)
+    return out
+
+
+def _fast_client(url, token, run_name, spill_path, **kw) -> MetricsClient:
+    return MetricsClient(
+        url,
+        token,
+        run_name,
+        framework="verl",
+        batch_steps=10,
+        flush_interval_s=0.1,
+        retries=1,
+        backoff_base_s=0.05,
+        backoff_max_s=0.3,
+        timeout_s=2.0,
+        spill_path=spill_path,
+        register_atexit=False,
+        **kw,
+    )
+
+
+def test_client_survives_a_server_restart_without_losing_points(fresh_database_url, tmp_path):
+    token = _token(fresh_database_url)
+    server = UvicornProcess(fresh_database_url).start()
+    spill = tmp_path / "spill.jsonl"
+    client = _fast_client(server.url, token, "restart-run", spill, config={"lr": 1e-6})
+    try:
+        for step in range(0, 40):
+            client.log(step, _values(step))
+        assert client.flush(timeout_s=30)
+        assert client.stats["batches_spilled"] == 0
+        server.stop()
+        for step in range(40, 70):
+            client.log(step, _values(step))  # returns at once while the server is down
+            time.sleep(0.01)
+        assert client.flush(timeout_s=30)
+        assert client.stats["batches_spilled"] > 0 and spill.exists()
+        server.start()
+        for step in range(70, 100):
+            client.log(step, _values(step))
+        client.close(status="finished")
+        run_id = client.run_id
+        got = _series(server.url, token, run_id)
+        assert set(got) == set(_values(0))
+        for name, series in got.items():
+            assert series["steps"] == list(range(100)), name
+            assert series["values"] == [_expected(s)[name] for s in range(100)], name
+        run = httpx.get(f"{server.url}/api/v1/runs/{run_id}", headers={"Authorization": f"Bearer {token}"}).json()
+        assert run["status"] == "finished" and run["framework"] == "verl" and run["config"] == {"lr": 1e-6}
+        assert not spill.exists()
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_spill_file_is_replayed_by_the_next_client(fresh_database_url, tmp_path):
+    token = _token(fresh_database_url)
+    spill = tmp_path / "spill.jsonl"
+    port = free_port()  # nothing listens here yet
+    first = _fast_client(f"http://127.0.0.1:{port}", token, "replayed-run", spill)
+    for step in range(25):
+        first.log(step, {"a": float(step)})
+    first.close(timeout_s=0.5)
+    assert spill.exists() and len(spill.read_text().splitlines()) == 25
+    with UvicornProcess(fresh_database_url, port) as server:
+        second = _fast_client(server.url, token, "replayed-run", spill)
+        second.log(25, {"a": 25.0})
+        second.close()
+        got = _series(server.url, token, second.run_id)
+    assert got["a"]["steps"] == list(range(26)) and got["a"]["values"] == [float(s) for s in range(26)]
+    assert not spill.exists()
+
+
+def test_values_are_converted_like_a_training_loop_expects(fresh_database_url, tmp_path, caplog):
+    token = _token(fresh_database_url)
+    values = {
+        "np_float32": np.float32(0.5),
+        "np_int64": np.int64(7),
+        "np_0d": np.array(2.5),
+        "int": 3,
+        "bool": True,
+        "nan": float("nan"),
+        "ninf": float("-inf"),
+        "nan_string": "NaN",
+        "text": "hello",
+        "none": None,
+        "list": [1, 2],
+        "array": np.array([1.0, 2.0]),
+    }
+    try:
+        import torch
+
+        values["torch_scalar"] = torch.tensor(1.25)
+        values["torch_vector"] = torch.ones(3)
+    except ImportError:  # the light install has no torch; the numpy cases stand
+        pass
+    with UvicornProcess(fresh_database_url) as server, caplog.at_level(logging.WARNING, logger="moeproxy.client"):
+        with _fast_client(server.url, token, "conversion-run", tmp_path / "s.jsonl") as client:
+            client.log(np.int64(0), values)
+            client.log(1, values)
+        got = _series(server.url, token, client.run_id)
+    flat = {name: series["values"][0] for name, series in got.items()}
+    expected = {
+        "np_float32": 0.5, "np_int64": 7.0, "np_0d": 2.5, "int": 3.0, "bool": 1.0,
+        "nan": "NaN", "ninf": "-Infinity", "nan_string": "NaN",
+    }
+    if "torch_scalar" in values:
+        expected["torch_scalar"] = 1.25
+    assert flat == expected
+    assert all(series["steps"] == [0, 1] for series in got.values())
+    skipped = [r for r in caplog.records if "skipping metric" in r.getMessage()]
+    skipped_names = sorted(r.getMessage().split("skipping metric ")[1].split(" ")[0] for r in skipped)
+    assert skipped_names == sorted(["text", "none", "list", "array"] + (["torch_vector"] if "torch_vector" in values else []))
+
+
+def test_log_rejects_bad_steps_at_once(tmp_path):
+    client = _fast_client(f"http://127.0.0.1:{free_port()}", "t", "r", tmp_path / "s.jsonl")
+    try:
+        with pytest.raises(ValueError):
+            client.log(-1, {"a": 1.0})
+        with pytest.raises(TypeError):
+            client.log(1.5, {"a": 1.0})
+        with pytest.raises(TypeError):
+            client.log("3", {"a": 1.0})
+    finally:
+        client.close(timeout_s=0.2)
+    with pytest.raises(RuntimeError):
+        client.log(0, {"a": 1.0})
