@@ -20,6 +20,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "db",
     "demo",
     "build",
+    "reference",
+    "eval",
 )
 
 app = typer.Typer(

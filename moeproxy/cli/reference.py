@@ -1,0 +1,121 @@
+"""``moeproxy reference``: train and list the small reference MoE models (issue 5)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+reference_app = typer.Typer(
+    help="Reference MoE models trained on the synthetic task suite: list the shipped checkpoints "
+    "or retrain one (reproducible from its seed).",
+    no_args_is_help=True,
+)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+@reference_app.command("list")
+def list_models(as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON.")) -> None:
+    """List the shipped reference models, their checkpoint paths and held-out accuracy."""
+    from moeproxy.reproduction.reference import list_reference_models
+
+    rows = list_reference_models()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        acc = row["heldout_accuracy"] or {}
+        mean = acc.get("mean")
+        state = "present" if row["present"] else "missing"
+        mean_txt = f"mean held-out accuracy {mean:.3f}" if mean is not None else "not evaluated"
+        typer.echo(f"{row['name']:18} {row['arch']:12} {state:8} {mean_txt}  {row['path']}")
+
+
+@reference_app.command("train")
+def train(
+    arch: str = typer.Option(None, "--arch", help="qwen3_moe or deepseek_v3."),
+    name: str = typer.Option(None, "--name", help="A registered reference model: use its arch and recipe."),
+    out: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
+    seed: int = typer.Option(None, "--seed", help="Seed (default: the registered recipe's)."),
+    steps: int = typer.Option(None, "--steps", min=1, help="Optimizer steps (default: the recipe's)."),
+    lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: the recipe's)."),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Examples per step."),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch threads (1 on a shared machine)."),
+    eval_prompts: int = typer.Option(500, "--eval-prompts", min=0,
+                                     help="Held-out prompts per task to score after training (0 = skip)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
+) -> None:
+    """Train a reference model on the task suite's train split and save an HF checkpoint
+    (safetensors + config + tokenizer + training.json with the recipe and loss curve)."""
+    from dataclasses import replace
+
+    from moeproxy.reproduction.reference import ARCH_CONFIGS, REFERENCE_MODELS, TrainingRecipe
+
+    if name is not None:
+        if name not in REFERENCE_MODELS:
+            _fail(f"unknown reference model {name!r}; known: {', '.join(REFERENCE_MODELS)}")
+        entry = REFERENCE_MODELS[name]
+        if arch is not None and arch != entry.arch:
+            _fail(f"{name} is a {entry.arch} model, not {arch}")
+        arch, recipe, overrides = entry.arch, entry.recipe, entry.config_overrides
+    else:
+        if arch is None:
+            _fail("give --arch (qwen3_moe or deepseek_v3) or --name")
+        if arch not in ARCH_CONFIGS:
+            _fail(f"unknown architecture {arch!r}; known: {', '.join(ARCH_CONFIGS)}")
+        recipe = next((m.recipe for m in REFERENCE_MODELS.values() if m.arch == arch), TrainingRecipe())
+        overrides = {}
+    changes = {k: v for k, v in {"seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size}.items()
+               if v is not None}
+    try:
+        recipe = replace(recipe, **changes)
+    except ValueError as exc:
+        _fail(str(exc))
+    summary = _train_and_save(arch, recipe, overrides, out, threads, eval_prompts)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+
+
+def _train_and_save(arch, recipe, overrides, out: Path, threads: int, eval_prompts: int) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from moeproxy.reproduction.reference import heldout_accuracy, save_checkpoint, train_model
+
+    torch.set_num_threads(threads)
+    bar = tqdm(total=recipe.steps, desc=f"train {arch}", unit="step")
+
+    def progress(step: int, values: dict[str, float]) -> None:
+        bar.n = step + 1
+        bar.set_postfix(loss=f"{values['loss']:.3f}", aux=f"{values['aux']:.3f}", lr=f"{values['lr']:.1e}")
+        bar.refresh()
+
+    def checkpoint(step: int, model, tokenizer) -> None:
+        # A quick held-out look while training runs (50 prompts per task); the final figure is below.
+        acc = heldout_accuracy(model, tokenizer, 50, save_dtype=recipe.save_dtype, seed=1)
+        bar.write(f"step {step}: held-out accuracy " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()
+                                                                 if k != "n_per_task"))
+
+    result = train_model(arch, recipe, overrides, progress=progress, log_every=10,
+                         checkpoint=checkpoint if eval_prompts else None)
+    bar.close()
+    extra = {"arch": arch, "config_overrides": overrides}
+    if eval_prompts:
+        extra["heldout_accuracy"] = heldout_accuracy(result.model, result.tokenizer, eval_prompts,
+                                                     save_dtype=recipe.save_dtype)
+    save_checkpoint(result, out, recipe, extra)
+    size_mb = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    summary = {"out": str(out), "arch": arch, "train_time_s": round(result.train_time_s, 1),
+               "final_loss": sum(result.losses[-50:]) / len(result.losses[-50:]),
+               "checkpoint_mb": round(size_mb, 2), **{k: v for k, v in extra.items() if k == "heldout_accuracy"}}
+    typer.echo(f"saved {out} ({size_mb:.1f} MB) after {result.train_time_s:.0f} s", err=True)
+    return summary
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(reference_app, name="reference")
