@@ -22,6 +22,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "build",
     "reference",
     "eval",
+    "fingerprints",
+    "triage",
+    "consistency",
 )
 
 app = typer.Typer(

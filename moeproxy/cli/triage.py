@@ -1,0 +1,97 @@
+"""``moeproxy triage``: rank the likely fault classes of a run against the fingerprint library.
+
+The run is a file (JSONL of ``{"step", "values"}`` lines as the reproduction traces, NaN/Infinity
+literals allowed; or a JSON object with ``steps`` — the REST ingest body — and optional
+``framework``), or a run of the service (``--run ID --url --token``), whose metrics are read over
+HTTP (``GET /api/v1/runs/{id}/metrics``). ``--json`` prints the triage object of SPEC section 5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import typer
+
+from moeproxy.cli.fingerprints import LibraryOption, _fail, _load
+
+
+def read_run(file: Path | None, run_id: str | None, url: str | None, token: str | None,
+             framework: str | None):
+    """A RunMetrics from a file or from the service; user errors become a clean exit."""
+    from moeproxy.signatures.canonical import RunMetrics, load_run
+    from moeproxy.signatures.errors import InvalidRun
+
+    if (file is None) == (run_id is None):
+        raise _fail("give either a FILE or --run ID")
+    if file is not None:
+        if not file.exists():
+            raise _fail(f"{file}: no such file")
+        try:
+            return load_run(file, framework=framework)
+        except InvalidRun as exc:
+            raise _fail(str(exc)) from None
+    import httpx
+
+    base = (url or os.environ.get("MOEPROXY_URL") or _public_url()).rstrip("/")
+    tok = token or os.environ.get("MOEPROXY_TOKEN")
+    if not tok:
+        raise _fail("--run needs --token (or MOEPROXY_TOKEN)")
+    headers = {"Authorization": f"Bearer {tok}"}
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+            meta = client.get(f"/api/v1/runs/{run_id}")
+            if meta.status_code != 200:
+                raise _fail(f"GET /api/v1/runs/{run_id}: {meta.status_code} {meta.text[:200]}")
+            r = client.get(f"/api/v1/runs/{run_id}/metrics")
+            if r.status_code != 200:
+                raise _fail(f"GET /api/v1/runs/{run_id}/metrics: {r.status_code} {r.text[:200]}")
+    except httpx.HTTPError as exc:
+        raise _fail(f"cannot reach {base}: {exc}") from None
+    info = meta.json()
+    try:
+        return RunMetrics.from_columns(r.json()["metrics"], framework=framework or info.get("framework"),
+                                       name=info.get("name"))
+    except (InvalidRun, KeyError) as exc:
+        raise _fail(f"unexpected metrics answer: {exc}") from None
+
+
+def _public_url() -> str:
+    from moeproxy.config import get_settings
+
+    return get_settings().public_url
+
+
+def triage_command(
+    file: Path | None = typer.Argument(None, help="Run file: JSONL of {step, values} or a JSON {steps: [...]}."),
+    run_id: str | None = typer.Option(None, "--run", help="A run id of the service instead of a file."),
+    url: str | None = typer.Option(None, "--url", help="Service URL (default MOEPROXY_URL or MOEPROXY_PUBLIC_URL)."),
+    token: str | None = typer.Option(None, "--token", help="Bearer token (default MOEPROXY_TOKEN)."),
+    framework: str | None = typer.Option(None, "--framework", help="verl, trl, openrlhf or mindspeed_rl."),
+    library: Path | None = LibraryOption,
+    top: int = typer.Option(5, "--top", help="Candidates to print (all with --json)."),
+    details: bool = typer.Option(False, "--details", help="With --json: per-metric scores and change points."),
+    as_json: bool = typer.Option(False, "--json", help="Print the SPEC section 5 triage object."),
+) -> None:
+    """Rank the likely fault classes of a run (healthy included) with evidence in plain words."""
+    from moeproxy.signatures.matching import triage
+
+    run = read_run(file, run_id, url, token, framework)
+    lib = _load(library)
+    if not run.series:
+        raise _fail("the run has no metrics")
+    result = triage(run, lib, framework=framework, run_id=run_id if run_id is not None else run.name)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(details=details), indent=1))
+        return
+    typer.echo(f"run {result.run_id}: {result.verdict}")
+    for i, c in enumerate(result.candidates[:top], start=1):
+        typer.echo(f"{i}. {c.fault_class:<24} {c.family:<12} score {c.score:.2f}  {c.strength}")
+        for line in c.evidence if i <= 3 else c.evidence[:1]:
+            typer.echo(f"     - {line}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("triage", help="Rank the likely fault classes of a run against the fingerprint library.")(
+        triage_command)

@@ -1,0 +1,88 @@
+"""Calibrating the ``strong`` / ``weak`` threshold on held-out traces.
+
+Two kinds of held-out runs are scored against the library:
+
+- *positives*: runs of a class the library knows (seeds, magnitudes and onsets not used to build
+  it) — their own class's score should be ``strong``;
+- *negatives*: the same runs triaged against the library **with their class left out**
+  (leave-one-class-out), plus healthy runs' best fault-class score — the best remaining score must
+  be ``weak``, because a fault outside the library must not be reported as a confident wrong class.
+
+The threshold is the midpoint of the interval that maximises balanced accuracy
+(TPR on positives + TNR on negatives); the library records the method, the threshold and the
+counts (``calibration`` in docs/fingerprints.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from moeproxy.signatures.canonical import RunMetrics, canonicalise
+from moeproxy.signatures.features import run_signature
+from moeproxy.signatures.fingerprint import Calibration, FingerprintLibrary
+from moeproxy.signatures.matching import triage
+
+
+@dataclass(frozen=True)
+class LabelledRun:
+    fault_class: str
+    run: RunMetrics
+
+
+@dataclass(frozen=True)
+class CalibrationScores:
+    positives: tuple[float, ...]  # the true class's score
+    negatives: tuple[float, ...]  # best score with the true class left out / best fault on healthy
+
+
+def calibration_scores(library: FingerprintLibrary, runs: Sequence[LabelledRun]) -> CalibrationScores:
+    pos: list[float] = []
+    neg: list[float] = []
+    loco = {c: library.without_class(c) for c in library.fault_classes}
+    for item in runs:
+        sig = run_signature(canonicalise(item.run), library.params)
+        full = triage(sig, library)
+        own = next((c.score for c in full.candidates if c.fault_class == item.fault_class), None)
+        if own is not None:
+            pos.append(own)
+        if item.fault_class == "healthy":
+            faults = [c.score for c in full.candidates if c.fault_class != "healthy"]
+            if faults:
+                neg.append(max(faults))
+        elif item.fault_class in loco and loco[item.fault_class].fingerprints:
+            rest = triage(sig, loco[item.fault_class])
+            neg.append(rest.candidates[0].score)
+    return CalibrationScores(tuple(pos), tuple(neg))
+
+
+def choose_threshold(scores: CalibrationScores) -> tuple[float, float]:
+    """(threshold, balanced accuracy) maximising TPR + TNR; midpoint of the best interval."""
+    pos = np.asarray(scores.positives)
+    neg = np.asarray(scores.negatives)
+    if pos.size == 0 or neg.size == 0:
+        raise ValueError("calibration needs positive and negative held-out scores")
+    cuts = np.unique(np.concatenate([pos, neg, [0.0, 1.0]]))
+    mids = (cuts[:-1] + cuts[1:]) / 2
+    best_t, best_acc = 0.5, -1.0
+    for t in mids:
+        acc = 0.5 * ((pos >= t).mean() + (neg < t).mean())
+        if acc > best_acc + 1e-12:
+            best_t, best_acc = float(t), float(acc)
+    return best_t, best_acc
+
+
+def calibrate(library: FingerprintLibrary, runs: Sequence[LabelledRun]) -> tuple[FingerprintLibrary, dict]:
+    scores = calibration_scores(library, runs)
+    thr, acc = choose_threshold(scores)
+    cal = Calibration(
+        strong_threshold=round(thr, 4),
+        method=("balanced accuracy over held-out runs: own-class score (positives) vs best score "
+                "with the class left out and best fault score on healthy runs (negatives); "
+                f"balanced accuracy {acc:.3f}"),
+        n_heldout=len(runs),
+    )
+    report = {"threshold": cal.strong_threshold, "balanced_accuracy": acc,
+              "positives": list(scores.positives), "negatives": list(scores.negatives)}
+    return library.with_calibration(cal), report
