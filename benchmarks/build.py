@@ -1,0 +1,219 @@
+"""Proxy-builder benchmark: statistics throughput, surgery time and surgery peak RSS (issue 4).
+
+Builds a random Qwen3-MoE checkpoint of a few hundred MB under /tmp (never in
+the repository), then measures, side by side in one run:
+
+- routing-statistics throughput (real tokens/s) of ``collect_statistics``, and
+  the same forward passes without hooks, so the hook overhead is a ratio;
+- checkpoint surgery (``write_proxy_checkpoint``) in a fresh subprocess, so its
+  peak RSS is the surgery's own (plus the interpreter), compared with the
+  largest shard: the target is peak RSS <= 2 x largest shard.
+
+Medians of ``--repeats`` runs.  Prints the figures and writes
+``benchmarks/results/build.json``.
+
+    nice -n 10 python benchmarks/build.py            # ~400 MB model, bf16, 5 shards
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics as st
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+RESULTS = Path(__file__).resolve().parent / "results" / "build.json"
+
+MODEL_CONFIG = dict(
+    model_type="qwen3_moe",
+    vocab_size=8192,
+    hidden_size=512,
+    intermediate_size=1024,
+    moe_intermediate_size=256,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    num_experts=64,
+    num_experts_per_tok=4,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    norm_topk_prob=True,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
+
+_SURGERY_CHILD = r"""
+import json, resource, sys, time
+from pathlib import Path
+from moeproxy.proxy_builder.architectures import architecture_for
+from moeproxy.proxy_builder.checkpoint import open_checkpoint
+from moeproxy.proxy_builder.surgery import write_proxy_checkpoint
+src, out, keep = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+config = json.loads((src / "config.json").read_text())
+arch = architecture_for(config)
+ckpt = open_checkpoint(src)
+selections = {layer: list(range(0, 2 * keep, 2)) for layer in arch.moe_layers(config)}
+out.mkdir()
+t = time.perf_counter()
+res = write_proxy_checkpoint(ckpt, out, arch, selections, keep)
+elapsed = time.perf_counter() - t
+print(json.dumps({"time_s": elapsed, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "import_rss_mb": base_rss, "bytes_written": res.bytes_written}))
+"""
+
+
+def build_model(root: Path, dtype: str, shard: str) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = root / "model"
+    if (out / "config.json").is_file():
+        return out
+    cfg = dict(MODEL_CONFIG)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(out, max_shard_size=shard)
+    return out
+
+
+def bench_statistics(model_dir: Path, tokens: int, seq_len: int, batch: int, repeats: int) -> dict:
+    import numpy as np
+    import torch
+
+    from moeproxy.proxy_builder.architectures import architecture_for
+    from moeproxy.proxy_builder.build import load_model
+    from moeproxy.proxy_builder.layer_stats import Batch
+    from moeproxy.proxy_builder.statistics import collect_statistics
+
+    torch.set_num_threads(1)
+    model, _ = load_model(model_dir, dtype="float32")
+    config = json.loads((model_dir / "config.json").read_text())
+    arch = architecture_for(config)
+    layers = arch.moe_layers(config)
+    rng = np.random.default_rng(0)
+    n_batches = max(1, tokens // (seq_len * batch))
+    batches = [
+        Batch(rng.integers(0, config["vocab_size"], size=(batch, seq_len)), np.ones((batch, seq_len), np.int64))
+        for _ in range(n_batches)
+    ]
+    real = n_batches * batch * seq_len
+    with_hooks, plain = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        collect_statistics(model, batches, arch, layers)
+        with_hooks.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        with torch.no_grad():
+            for b in batches:
+                model(input_ids=torch.as_tensor(b.input_ids), attention_mask=torch.as_tensor(b.attention_mask),
+                      use_cache=False)  # fmt: skip
+        plain.append(time.perf_counter() - t)
+    h, p = st.median(with_hooks), st.median(plain)
+    return {
+        "tokens": real,
+        "seq_len": seq_len,
+        "batch_size": batch,
+        "dtype": "float32",
+        "threads": torch.get_num_threads(),
+        "time_s": h,
+        "tokens_per_s": real / h,
+        "forward_only_tokens_per_s": real / p,
+        "hook_overhead_ratio": h / p,
+        "repeats": repeats,
+    }
+
+
+def bench_surgery(model_dir: Path, root: Path, keep: int, repeats: int) -> dict:
+    from moeproxy.proxy_builder.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(model_dir)
+    runs = []
+    for i in range(repeats):
+        out = root / f"proxy-{i}"
+        shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _SURGERY_CHILD, str(model_dir), str(out), str(keep)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    _check_loads(root / "proxy-0")
+    largest_mb = ckpt.largest_shard_bytes / 2**20
+    peak = st.median(r["peak_rss_mb"] for r in runs)
+    return {
+        "keep": keep,
+        "num_experts": MODEL_CONFIG["num_experts"],
+        "checkpoint_mb": sum(s.path.stat().st_size for s in ckpt.shards) / 2**20,
+        "shards": len(ckpt.shards),
+        "largest_shard_mb": largest_mb,
+        "proxy_mb": runs[0]["bytes_written"] / 2**20,
+        "time_s": st.median(r["time_s"] for r in runs),
+        "peak_rss_mb": peak,
+        "interpreter_rss_mb": st.median(r["import_rss_mb"] for r in runs),
+        "peak_rss_over_largest_shard": peak / largest_mb,
+        "target_met": peak <= 2 * largest_mb,
+        "repeats": repeats,
+    }
+
+
+def _check_loads(proxy: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(proxy)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path("/tmp/moeproxy-bench-build"))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--shard", default="100MB")
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--keep", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
+
+    t = time.perf_counter()
+    model_dir = build_model(args.root, args.dtype, args.shard)
+    build_s = time.perf_counter() - t
+    surgery = bench_surgery(model_dir, args.root, args.keep, args.repeats)
+    stats = bench_statistics(model_dir, args.tokens, args.seq_len, args.batch_size, args.repeats)
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "model": {**MODEL_CONFIG, "dtype": args.dtype, "build_s": build_s},
+        "statistics": stats,
+        "surgery": surgery,
+        "command": "nice -n 10 python benchmarks/build.py " + " ".join(sys.argv[1:]),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"statistics: {stats['tokens_per_s']:,.0f} tok/s with hooks, {stats['forward_only_tokens_per_s']:,.0f} "
+          f"tok/s forward only (overhead x{stats['hook_overhead_ratio']:.3f})")  # fmt: skip
+    print(f"surgery: {surgery['checkpoint_mb']:.0f} MB in {surgery['shards']} shards -> {surgery['proxy_mb']:.0f} MB "
+          f"in {surgery['time_s']:.2f} s; peak RSS {surgery['peak_rss_mb']:.0f} MB = "
+          f"{surgery['peak_rss_over_largest_shard']:.2f} x largest shard ({surgery['largest_shard_mb']:.0f} MB); "
+          f"target <= 2x {'met' if surgery['target_met'] else 'MISSED'}")  # fmt: skip
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
