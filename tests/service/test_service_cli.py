@@ -1,0 +1,142 @@
+"""The command line as a user runs it: token create | tail -1, token list/revoke, db upgrade, serve --demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from uvicorn_process import UvicornProcess, free_port
+
+MOEPROXY = [sys.executable, "-m", "moeproxy.cli"] if False else [str(Path(sys.executable).parent / "moeproxy")]
+
+
+def _run(args: list[str], env_url: str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MOEPROXY_DATABASE_URL": env_url}
+    return subprocess.run([*MOEPROXY, *args], env=env, capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_token_create_prints_the_token_on_the_last_line(fresh_database_url):
+    env = {**os.environ, "MOEPROXY_DATABASE_URL": fresh_database_url}
+    shell = subprocess.run(
+        f"{MOEPROXY[0]} token create --project cli-proj --label ci | tail -1",
+        shell=True, env=env, capture_output=True, text=True, timeout=120, check=True,
+    )
+    token = shell.stdout.strip()
+    assert token.startswith("mpx_") and " " not in token
+    with UvicornProcess(fresh_database_url) as server:
+        who = httpx.get(f"{server.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+        assert who.json()["project"] == "cli-proj"
+        listed = json.loads(_run(["token", "list", "--json"], fresh_database_url).stdout)
+        assert [(t["project"], t["label"], t["revoked_at"]) for t in listed] == [("cli-proj", "ci", None)]
+        assert token.startswith(listed[0]["prefix"])
+        revoked = _run(["token", "revoke", str(listed[0]["id"])], fresh_database_url)
+        assert revoked.returncode == 0, revoked.stderr
+        assert httpx.get(f"{server.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}).status_code == 401
+    assert json.loads(_run(["token", "list", "--json"], fresh_database_url).stdout) == []
+    assert len(json.loads(_run(["token", "list", "--json", "--all"], fresh_database_url).stdout)) == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["token", "create", "--project", "bad name!"], "invalid project name"),
+        (["token", "revoke", "987654"], "no token matches"),
+    ],
+)
+def test_cli_user_errors_exit_2_with_a_message(tmp_path, args, message):
+    result = _run(args, f"sqlite:///{tmp_path / 'x.db'}")
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unreachable_database_is_a_clear_error(tmp_path):
+    result = _run(["db", "upgrade"], "postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=2")
+    assert result.returncode == 2
+    assert "cannot reach the database" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_db_upgrade_on_an_empty_database(backend, scratch_databases, request, tmp_path):
+    from moeproxy.migrations import current_revision, head_revision
+
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'empty.db'}"
+    else:
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        base = request.getfixturevalue("postgres_url")
+        schema = f"cli_{os.getpid()}_{time.time_ns() % 10**9}"
+        u = make_url(base)
+        with psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database, autocommit=True) as c:
+            c.execute(f'CREATE SCHEMA "{schema}"')
+        scratch_databases._schemas.append((base, schema))  # dropped at session end
+        url = u.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    assert current_revision(url) is None
+    result = _run(["db", "upgrade"], url)
+    assert result.returncode == 0, result.stderr
+    assert current_revision(url) == head_revision()
+    current = json.loads(_run(["db", "current", "--json"], url).stdout)
+    assert current["current"] == current["head"] == head_revision()
+    again = _run(["db", "upgrade", "--url", url], "sqlite:///unused.db")  # idempotent; --url wins
+    assert again.returncode == 0
+
+
+def test_models_and_migrations_agree(engine):
+    """`alembic upgrade head` produces exactly the tables the models declare (both backends)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from moeproxy.service.models import Base
+
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    assert diff == []
+
+
+def test_serve_demo_posts_synthetic_runs_through_the_api(tmp_path):
+    """README's first command, minus the install: `moeproxy serve --demo` on the SQLite default."""
+    port = free_port()
+    data = tmp_path / "data"
+    env = {**os.environ, "XDG_DATA_HOME": str(data), "HOME": str(tmp_path)}
+    env.pop("MOEPROXY_DATABASE_URL", None)
+    proc = subprocess.Popen(
+        [*MOEPROXY, "serve", "--demo", "--port", str(port), "--log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("Open http://"):
+                break
+        output = "".join(lines)
+        assert f"Open http://127.0.0.1:{port}/" in output, output
+        token = next(line.split(": ")[-1].strip() for line in lines if "token for project 'demo'" in line)
+        h = {"Authorization": f"Bearer {token}"}
+        runs = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", headers=h).json()["runs"]
+        assert {r["name"] for r in runs} == {"demo-grpo-qwen3-30b-a3b-healthy", "demo-grpo-qwen3-30b-a3b-bf16-rollout"}
+        assert all("synthetic" in r["tags"] and r["config"]["synthetic"] is True for r in runs)
+        faulty = next(r for r in runs if r["config"]["injected_fault"] == "rollout_logp_precision")
+        series = httpx.get(
+            f"http://127.0.0.1:{port}/api/v1/runs/{faulty['id']}/metrics?names=training/rollout_probs_diff_mean",
+            headers=h,
+        ).json()["metrics"]["training/rollout_probs_diff_mean"]
+        assert series["steps"] == list(range(200))
+        onset = faulty["config"]["onset_step"]
+        before, after = series["values"][:onset], series["values"][onset + 1 :]
+        assert min(after) > 2 * max(before)  # the visible fault
+        assert list(data.rglob("moeproxy.db")), "the default database lives in the user data dir"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
