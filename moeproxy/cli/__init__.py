@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fingerprints",
     "triage",
     "consistency",
+    "reproduce",
 )
 
 app = typer.Typer(
