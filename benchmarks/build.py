@@ -32,24 +32,24 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 RESULTS = Path(__file__).resolve().parent / "results" / "build.json"
 
-MODEL_CONFIG = dict(
-    model_type="qwen3_moe",
-    vocab_size=8192,
-    hidden_size=512,
-    intermediate_size=1024,
-    moe_intermediate_size=256,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    head_dim=64,
-    num_experts=64,
-    num_experts_per_tok=4,
-    decoder_sparse_step=1,
-    mlp_only_layers=[],
-    norm_topk_prob=True,
-    max_position_embeddings=2048,
-    tie_word_embeddings=False,
-)
+MODEL_CONFIG = {
+    "model_type": "qwen3_moe",
+    "vocab_size": 8192,
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+    "moe_intermediate_size": 256,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "num_experts": 64,
+    "num_experts_per_tok": 4,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
 
 _SURGERY_CHILD = r"""
 import json, resource, sys, time
@@ -94,7 +94,6 @@ def build_model(root: Path, dtype: str, shard: str) -> Path:
 def bench_statistics(model_dir: Path, tokens: int, seq_len: int, batch: int, repeats: int) -> dict:
     import numpy as np
     import torch
-
     from moeproxy.proxy_builder.architectures import architecture_for
     from moeproxy.proxy_builder.build import load_model
     from moeproxy.proxy_builder.layer_stats import Batch

@@ -107,14 +107,14 @@ def _every_layer(cfg: Config, idx: int) -> bool:
     return True
 
 
-_DEEPSEEK = dict(
-    expert_count_keys=("n_routed_experts",),
-    is_moe_layer=_deepseek_is_moe_layer,
-    router_vectors=("gate.e_score_correction_bias", "gate.bias"),
-    shared_expert_prefixes=("shared_experts",),
-    group_routing=GroupRouting(),
-    notes="dense MLP in the first first_k_dense_replace layers; fp32 e_score_correction_bias sliced",
-)
+_DEEPSEEK = {
+    "expert_count_keys": ("n_routed_experts",),
+    "is_moe_layer": _deepseek_is_moe_layer,
+    "router_vectors": ("gate.e_score_correction_bias", "gate.bias"),
+    "shared_expert_prefixes": ("shared_experts",),
+    "group_routing": GroupRouting(),
+    "notes": "dense MLP in the first first_k_dense_replace layers; fp32 e_score_correction_bias sliced",
+}
 
 ARCHITECTURES: dict[str, Architecture] = {
     # transformers 5.24 writes num_local_experts for Qwen3-MoE; released checkpoints carry num_experts.

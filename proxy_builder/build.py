@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from moeproxy.proxy_builder import calibration as calib
-from moeproxy.proxy_builder.architectures import GROUP_POLICIES, Architecture, GroupSpec, architecture_for, group_spec
+from moeproxy.proxy_builder.architectures import (
+    GROUP_POLICIES,
+    Architecture,
+    GroupSpec,
+    architecture_for,
+    group_spec,
+)
 from moeproxy.proxy_builder.checkpoint import Checkpoint, open_checkpoint
 from moeproxy.proxy_builder.errors import CalibrationError, InvalidPruneRequest
 from moeproxy.proxy_builder.layer_stats import LayerStatistics

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-
 from moeproxy.proxy_builder.errors import CalibrationError
 from moeproxy.proxy_builder.layer_stats import Batch
 
@@ -147,9 +146,8 @@ def validate_spec(spec: str) -> None:
     name, arg = parse_spec(spec)
     if name in ("text", "jsonl"):
         _existing(arg.partition("#")[0])
-    elif name == "tokenized":
-        if not (_existing(arg) / "input_ids.npy").is_file():
-            raise CalibrationError(f"tokenized calibration dir {arg} has no input_ids.npy")
+    elif name == "tokenized" and not (_existing(arg) / "input_ids.npy").is_file():
+        raise CalibrationError(f"tokenized calibration dir {arg} has no input_ids.npy")
 
 
 def _existing(arg: str) -> Path:

@@ -11,6 +11,7 @@ peak memory independent of the shard size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -174,19 +175,15 @@ def write_safetensors(path: Path, tensors: list[OutputTensor], metadata: dict[st
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % _ALIGN)
     handles: dict[Path, BinaryIO] = {}
-    try:
-        with open(path, "wb") as out:
-            out.write(struct.pack("<Q", len(raw)))
-            out.write(raw)
-            for t in tensors:
-                for p in t.pieces:
-                    src = handles.get(p.path)
-                    if src is None:
-                        src = handles[p.path] = open(p.path, "rb")
-                    _copy_range(src, out, p.begin, p.end)
-    finally:
-        for h in handles.values():
-            h.close()
+    with contextlib.ExitStack() as stack, open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(raw)))
+        out.write(raw)
+        for t in tensors:
+            for p in t.pieces:
+                src = handles.get(p.path)
+                if src is None:
+                    src = handles[p.path] = stack.enter_context(open(p.path, "rb"))
+                _copy_range(src, out, p.begin, p.end)
     return offset
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import numpy as np
-
 from moeproxy.proxy_builder.layer_stats import LayerStatistics
 
 

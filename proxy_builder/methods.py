@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from moeproxy.proxy_builder.architectures import GroupSpec
 from moeproxy.proxy_builder.clustering import (
     REPRESENTATIVES,

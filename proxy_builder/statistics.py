@@ -17,9 +17,9 @@ are dropped with the attention mask before anything is counted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Self
 
 import torch
-
 from moeproxy.proxy_builder.architectures import Architecture
 from moeproxy.proxy_builder.errors import UnsupportedArchitecture
 from moeproxy.proxy_builder.layer_stats import Batch, LayerStatistics
@@ -115,7 +115,7 @@ class RoutingStatisticsCollector:
     def set_mask(self, attention_mask: torch.Tensor | None) -> None:
         self._mask = None if attention_mask is None else attention_mask.reshape(-1).bool()
 
-    def __enter__(self) -> RoutingStatisticsCollector:
+    def __enter__(self) -> Self:
         for layer, router in self._routers.items():
             self._handles.append(router.register_forward_hook(self._hook(layer), with_kwargs=True))
         return self

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-
 from moeproxy.proxy_builder.architectures import Architecture, GroupSpec
 from moeproxy.proxy_builder.layer_stats import Batch, LayerStatistics
 from moeproxy.proxy_builder.methods import Method, SelectionOptions, select_experts, simplex_grid

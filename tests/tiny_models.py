@@ -166,7 +166,7 @@ def _randomise_routing_buffers(model, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias"):
+            if name.endswith(("mlp.gate.weight", "e_score_correction_bias")):
                 scale = 0.5 if name.endswith("weight") else 0.05
                 tensor.copy_(torch.randn(tensor.shape, generator=gen) * scale)
 

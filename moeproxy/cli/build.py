@@ -40,8 +40,8 @@ def _register_lazy_sources() -> None:
 
 
 def build(
-    model: Path = typer.Option(..., "--model", help="Directory of the original checkpoint (config.json + safetensors)."),
-    out: Path = typer.Option(..., "--out", help="Directory to write the proxy into (must not exist or be empty)."),
+    model: Path = typer.Option(..., "--model", help="Directory of the original checkpoint (config.json + safetensors)."),  # noqa: B008
+    out: Path = typer.Option(..., "--out", help="Directory to write the proxy into (must not exist or be empty)."),  # noqa: B008
     keep: int | None = typer.Option(None, "--keep", help="Routed experts to keep in every MoE layer."),
     keep_ratio: float | None = typer.Option(None, "--keep-ratio", help="Fraction of routed experts to keep, in (0, 1]."),
     method: str = typer.Option(
@@ -75,6 +75,11 @@ def build(
         "--group-policy",
         help="DeepSeek group routing: per_group (keep K/n_group per group) or flatten (n_group=topk_group=1).",
     ),
+    weighted_prototypes: bool = typer.Option(
+        True,
+        "--weighted-prototypes/--plain-prototypes",
+        help="Weight each token's router input by its routing weight in the expert prototypes.",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for random selection and FasterPAM."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON on stdout."),
@@ -91,6 +96,7 @@ def build(
             model, out, keep=keep, keep_ratio=keep_ratio, method=method, calibration=calibration,
             max_tokens=max_tokens, seq_len=seq_len, batch_size=batch_size, device=device, dtype=dtype,
             view_weights=view_weights, representative=representative, group_policy=group_policy, seed=seed,
+            weighted_prototypes=weighted_prototypes,
             overwrite=overwrite, progress=not quiet,
         )  # fmt: skip
     except ProxyBuildError as exc:

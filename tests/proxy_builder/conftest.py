@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tiny_models import ARCH_CASES  # noqa: E402
+from tiny_models import ARCH_CASES
 
 CALIBRATION_LINES = [
     f"line {i}: the {['red', 'blue', 'green'][i % 3]} fox has {i * 7 % 13} legs and {i % 5} tails; sum={i + 3}"

@@ -16,13 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from safetensors import safe_open  # noqa: E402
-
-from moeproxy.proxy_builder.architectures import architecture_for  # noqa: E402
-from moeproxy.proxy_builder.build import build_proxy  # noqa: E402
-from moeproxy.proxy_builder.methods import METHODS  # noqa: E402
-
-from tiny_models import ARCH_CASES  # noqa: E402
+from moeproxy.proxy_builder.architectures import architecture_for
+from moeproxy.proxy_builder.build import build_proxy
+from moeproxy.proxy_builder.methods import METHODS
+from safetensors import safe_open
+from tiny_models import ARCH_CASES
 
 torch.set_num_threads(1)
 KEEP = 4
@@ -32,7 +30,7 @@ def _tensors(directory) -> dict[str, bytes]:
     out = {}
     for f in sorted(directory.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as fh:
-            for k in fh.keys():
+            for k in fh.keys():  # noqa: SIM118 (safe_open is not iterable)
                 out[k] = fh.get_tensor(k)
     return out
 
@@ -139,7 +137,7 @@ def test_fused_expert_checkpoint(arch, tmp_path, tiny_statistics):
     result = build_proxy(src, tmp_path / "proxy", keep=KEEP, method="three_view", statistics=tiny_statistics[arch])
     kept = {int(k): v["kept_experts"] for k, v in result.report["layers"].items()}
     with safe_open(str(result.out_dir / "model.safetensors"), framework="pt") as fh:
-        assert any(re.search(r"experts\.gate_up_proj$", k) for k in fh.keys())
+        assert any(re.search(r"experts\.gate_up_proj$", k) for k in fh.keys())  # noqa: SIM118
     check_surgery(src, result.out_dir, kept, KEEP)
     check_loads_and_runs(result.out_dir, KEEP)
 
@@ -157,7 +155,7 @@ def test_sharded_checkpoint_keeps_shards_and_index(tmp_path, tiny_statistics):
     on_disk = {}
     for f in out.glob("*.safetensors"):
         with safe_open(str(f), framework="pt") as fh:
-            on_disk.update({k: f.name for k in fh.keys()})
+            on_disk.update({k: f.name for k in fh.keys()})  # noqa: SIM118
     assert index["weight_map"] == on_disk
     assert index["metadata"]["total_size"] == result.report["memory"]["checkpoint_bytes"]["proxy"]
     kept = {int(k): v["kept_experts"] for k, v in result.report["layers"].items()}

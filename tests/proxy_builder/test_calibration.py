@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from moeproxy.proxy_builder import calibration as calib
 from moeproxy.proxy_builder.errors import CalibrationError
 
@@ -16,7 +15,7 @@ def _tok(text: str) -> list[int]:
 
 
 def _batches(spec, **kw):
-    args = dict(tokenize=_tok, vocab_size=260, max_tokens=1000, seq_len=16, batch_size=4)
+    args = {"tokenize": _tok, "vocab_size": 260, "max_tokens": 1000, "seq_len": 16, "batch_size": 4}
     args.update(kw)
     return calib.make_batches(calib.documents(spec), **args)
 

@@ -8,10 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from moeproxy.proxy_builder.architectures import architecture_for  # noqa: E402
-from moeproxy.proxy_builder.build import load_model  # noqa: E402
-from moeproxy.proxy_builder.layer_stats import Batch, load_statistics, save_statistics  # noqa: E402
-from moeproxy.proxy_builder.statistics import RoutingAccumulator, collect_statistics  # noqa: E402
+from moeproxy.proxy_builder.architectures import architecture_for
+from moeproxy.proxy_builder.build import load_model
+from moeproxy.proxy_builder.layer_stats import Batch, load_statistics, save_statistics
+from moeproxy.proxy_builder.statistics import RoutingAccumulator, collect_statistics
 
 torch.set_num_threads(1)
 
@@ -104,7 +104,7 @@ def test_hooks_count_what_the_router_chose(arch_name, tiny_checkpoints):
     stats = collect_statistics(model, [Batch(ids.numpy(), np.ones_like(ids.numpy()))], arch, layers)
     by_hand = _routing_by_hand(model, arch, layers, ids)
     for layer in layers:
-        x, chosen = by_hand[layer]
+        _x, chosen = by_hand[layer]
         expected = np.bincount(chosen.reshape(-1).numpy(), minlength=8)
         np.testing.assert_array_equal(stats[layer].frequency, expected)
         assert stats[layer].tokens == 50

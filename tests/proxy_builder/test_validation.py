@@ -10,19 +10,19 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from typer.testing import CliRunner  # noqa: E402
-
-from moeproxy.cli import app  # noqa: E402
-from moeproxy.proxy_builder import build as build_module  # noqa: E402
-from moeproxy.proxy_builder.build import build_proxy  # noqa: E402
-from moeproxy.proxy_builder.errors import (  # noqa: E402
+from moeproxy.proxy_builder import build as build_module
+from moeproxy.proxy_builder.build import build_proxy
+from moeproxy.proxy_builder.errors import (
     CalibrationError,
     CheckpointError,
     InvalidPruneRequest,
     ProxyBuildError,
     UnsupportedArchitecture,
 )
-from moeproxy.proxy_builder.plan_errors import UnsupportedArchitecture as PlannerUnsupported  # noqa: E402
+from moeproxy.proxy_builder.plan_errors import UnsupportedArchitecture as PlannerUnsupported
+from typer.testing import CliRunner
+
+from moeproxy.cli import app
 
 torch.set_num_threads(1)
 runner = CliRunner()
@@ -50,22 +50,22 @@ def _assert_nothing_written(out):
 
 
 CASES = {
-    "keep more than E": ("qwen3_moe", dict(keep=9), InvalidPruneRequest, "only 8"),
-    "keep below top_k": ("mixtral", dict(keep=1), InvalidPruneRequest, "keep at least 2"),
-    "ratio below top_k": ("olmoe", dict(keep_ratio=0.1), InvalidPruneRequest, "keep at least 2"),
-    "deepseek keep not divisible by n_group": ("deepseek_v3", dict(keep=3), InvalidPruneRequest, "Valid --keep values: 4, 6, 8"),
-    "deepseek one expert per group": ("deepseek_v3", dict(keep=2), InvalidPruneRequest, "2 groups would keep 1 < 2"),
-    "unknown method": ("qwen2_moe", dict(keep=4, method="magic"), InvalidPruneRequest, "unknown method 'magic'"),
-    "no calibration": ("qwen3_moe", dict(keep=4), CalibrationError, "needs calibration data"),
-    "missing calibration file": ("qwen3_moe", dict(keep=4, calibration="/nonexistent/c.txt"), CalibrationError, "does not exist"),
-    "unknown calibration source": ("qwen3_moe", dict(keep=4, calibration="nosuch:x"), CalibrationError, "unknown calibration source"),
-    "bad view weights": ("qwen3_moe", dict(keep=4, view_weights="1,2"), InvalidPruneRequest, "takes 3 numbers"),
-    "zero view weights for method": ("qwen3_moe", dict(keep=4, method="router", view_weights="0,1,1"), InvalidPruneRequest, "no positive weight"),
-    "auto with one view": ("qwen3_moe", dict(keep=4, method="coact", view_weights="auto"), InvalidPruneRequest, "at least 2 views"),
-    "weights for a baseline": ("qwen3_moe", dict(keep=4, method="frequency", view_weights="1,1,1"), InvalidPruneRequest, "uses no views"),
-    "unknown device": ("qwen3_moe", dict(keep=4, method="first_k", device="tpu"), InvalidPruneRequest, "unknown device"),
-    "unknown representative": ("qwen3_moe", dict(keep=4, representative="oldest"), InvalidPruneRequest, "representative"),
-    "keep and ratio": ("qwen3_moe", dict(keep=4, keep_ratio=0.5), InvalidPruneRequest, "exactly one"),
+    "keep more than E": ("qwen3_moe", {"keep": 9}, InvalidPruneRequest, "only 8"),
+    "keep below top_k": ("mixtral", {"keep": 1}, InvalidPruneRequest, "keep at least 2"),
+    "ratio below top_k": ("olmoe", {"keep_ratio": 0.1}, InvalidPruneRequest, "keep at least 2"),
+    "deepseek keep not divisible by n_group": ("deepseek_v3", {"keep": 3}, InvalidPruneRequest, "Valid --keep values: 4, 6, 8"),
+    "deepseek one expert per group": ("deepseek_v3", {"keep": 2}, InvalidPruneRequest, "2 groups would keep 1 < 2"),
+    "unknown method": ("qwen2_moe", {"keep": 4, "method": "magic"}, InvalidPruneRequest, "unknown method 'magic'"),
+    "no calibration": ("qwen3_moe", {"keep": 4}, CalibrationError, "needs calibration data"),
+    "missing calibration file": ("qwen3_moe", {"keep": 4, "calibration": "/nonexistent/c.txt"}, CalibrationError, "does not exist"),
+    "unknown calibration source": ("qwen3_moe", {"keep": 4, "calibration": "nosuch:x"}, CalibrationError, "unknown calibration source"),
+    "bad view weights": ("qwen3_moe", {"keep": 4, "view_weights": "1,2"}, InvalidPruneRequest, "takes 3 numbers"),
+    "zero view weights for method": ("qwen3_moe", {"keep": 4, "method": "router", "view_weights": "0,1,1"}, InvalidPruneRequest, "no positive weight"),
+    "auto with one view": ("qwen3_moe", {"keep": 4, "method": "coact", "view_weights": "auto"}, InvalidPruneRequest, "at least 2 views"),
+    "weights for a baseline": ("qwen3_moe", {"keep": 4, "method": "frequency", "view_weights": "1,1,1"}, InvalidPruneRequest, "uses no views"),
+    "unknown device": ("qwen3_moe", {"keep": 4, "method": "first_k", "device": "tpu"}, InvalidPruneRequest, "unknown device"),
+    "unknown representative": ("qwen3_moe", {"keep": 4, "representative": "oldest"}, InvalidPruneRequest, "representative"),
+    "keep and ratio": ("qwen3_moe", {"keep": 4, "keep_ratio": 0.5}, InvalidPruneRequest, "exactly one"),
 }
 
 

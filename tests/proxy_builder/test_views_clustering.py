@@ -11,8 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-
-from moeproxy.proxy_builder.architectures import group_spec, architecture_for
+from moeproxy.proxy_builder.architectures import architecture_for, group_spec
 from moeproxy.proxy_builder.clustering import (
     select_representatives,
     unweighted_kmedoids,
@@ -136,7 +135,7 @@ def test_weighted_kmedoids_is_swap_optimal_and_matches_enumeration(e, k):
     for seed in range(15):
         d, w = _random_instance(seed, e)
         res = weighted_kmedoids(d, k, w)
-        best_cost, best = _enumerate(d, k, w)
+        best_cost, _best = _enumerate(d, k, w)
         assert res.cost >= best_cost - 1e-9
         exact += res.cost == pytest.approx(best_cost)
         for out, inn in itertools.product(res.medoids, set(range(e)) - set(res.medoids)):

@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from moeproxy.proxy_builder.architectures import architecture_for, group_spec  # noqa: E402
-from moeproxy.proxy_builder.build import build_proxy, load_model  # noqa: E402
-from moeproxy.proxy_builder.params import moe_layer_indices  # noqa: E402
-from moeproxy.proxy_builder.weight_search import in_memory_proxy  # noqa: E402
-from tiny_models import ARCH_CASES, tiny_config  # noqa: E402
+from moeproxy.proxy_builder.architectures import architecture_for, group_spec
+from moeproxy.proxy_builder.build import build_proxy, load_model
+from moeproxy.proxy_builder.params import moe_layer_indices
+from moeproxy.proxy_builder.weight_search import in_memory_proxy
+from tiny_models import ARCH_CASES, tiny_config
 
 torch.set_num_threads(1)
 
@@ -71,7 +71,7 @@ def test_mtp_layers_take_the_last_layers_selection(tiny_checkpoints, tiny_statis
     src = tmp_path / "mtp"
     shutil.copytree(tiny_checkpoints["deepseek_v3"], src)
     with safe_open(str(src / "model.safetensors"), framework="pt") as fh:
-        state = {k: fh.get_tensor(k) for k in fh.keys()}
+        state = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
         meta = fh.metadata()
     for k in list(state):
         if k.startswith("model.layers.2."):
