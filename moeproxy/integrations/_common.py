@@ -1,0 +1,48 @@
+"""What the integrations share: where the service is, and which logged values are metrics."""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Mapping
+from typing import Any
+
+URL_ENV = "MOEPROXY_URL"
+TOKEN_ENV = "MOEPROXY_TOKEN"
+
+
+class IntegrationConfigError(ValueError):
+    """The integration cannot tell where the service is or which token to use."""
+
+
+def resolve_endpoint(url: str | None, token: str | None) -> tuple[str, str]:
+    url = url or os.environ.get(URL_ENV)
+    token = token or os.environ.get(TOKEN_ENV)
+    if not url:
+        raise IntegrationConfigError(f"no moeproxy URL: pass url= or set {URL_ENV}")
+    if not token:
+        raise IntegrationConfigError(
+            f"no moeproxy token: pass token= or set {TOKEN_ENV} (`moeproxy token create --project NAME | tail -1`)"
+        )
+    return url, token
+
+
+def numeric_metrics(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries that are numbers (NaN/inf included: they are often the fault itself).
+
+    Strings, lists and None are left out here rather than warned about by the client: trainers
+    log a few of them on purpose (TRL's completion tables, transformers' ``train_runtime`` is a
+    number but ``epoch`` can be None early on).
+    """
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, numbers.Number):
+            out[key] = value
+            continue
+        item = getattr(value, "item", None)  # numpy / torch scalars
+        if callable(item) and getattr(value, "ndim", 1) == 0:
+            out[key] = value
+    return out
+

@@ -1,0 +1,101 @@
+"""A ``transformers`` ``TrainerCallback`` that sends every logged metric dict to moeproxy.
+
+Works with ``Trainer`` and the TRL trainers (GRPOTrainer logs ``reward``, ``kl``,
+``sampling/sampling_logp_difference/mean``, ``rewards/<fn>/mean`` ... through ``Trainer.log``),
+so the names arrive as TRL logs them and the service maps them (SPEC section 4, framework
+``"trl"``).  Only the main process (``state.is_world_process_zero``) sends.  The step is
+``state.global_step``; the client never blocks the training step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from transformers import TrainerCallback
+
+from moeproxy.client import MetricsClient
+from moeproxy.integrations._common import numeric_metrics, resolve_endpoint
+
+log = logging.getLogger(__name__)
+
+# Summary values transformers logs once at the end of training; they are not step metrics.
+END_OF_TRAINING_KEYS = frozenset(
+    {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss"}
+)
+
+
+class MoeproxyCallback(TrainerCallback):
+    """Send ``Trainer`` logs to moeproxy (``MOEPROXY_URL``/``MOEPROXY_TOKEN`` when not passed).
+
+    ``run_name`` defaults to ``TrainingArguments.run_name`` (or the output directory's name); a
+    restarted job with the same run name resumes the run.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        run_name: str | None = None,
+        *,
+        framework: str = "trl",
+        model: str | None = None,
+        tags: list[str] | None = None,
+        client_factory: type[MetricsClient] = MetricsClient,
+        **client_kwargs: Any,
+    ):
+        self.url, self.token = resolve_endpoint(url, token)
+        self.run_name, self.framework, self.model, self.tags = run_name, framework, model, tags
+        self.client_factory, self.client_kwargs = client_factory, client_kwargs
+        self.client: MetricsClient | None = None
+
+    def _run_name(self, args) -> str:
+        if self.run_name:
+            return self.run_name
+        name = getattr(args, "run_name", None)
+        output_dir = getattr(args, "output_dir", None) or "trainer"
+        # transformers defaults run_name to output_dir; keep just its last part.
+        return os.path.basename(os.path.normpath(name or output_dir)) or "trainer"
+
+    def _config(self, args, model) -> dict[str, Any]:
+        config: dict[str, Any] = {}
+        if args is not None and hasattr(args, "to_dict"):
+            # TrainingArguments: the hyper-parameters that matter when a fault is an lr/KL mistake.
+            wanted = ("learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "max_grad_norm",
+                      "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "seed",
+                      "beta", "epsilon", "num_generations", "loss_type", "max_steps")
+            args_dict = args.to_dict()
+            config["training_args"] = {k: args_dict[k] for k in wanted if k in args_dict}
+        model_config = getattr(model, "config", None)
+        if model_config is not None:
+            config["model_type"] = getattr(model_config, "model_type", None)
+        return config
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero or self.client is not None:
+            return
+        model_name = self.model or getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        self.client = self.client_factory(
+            self.url,
+            self.token,
+            self._run_name(args),
+            framework=self.framework,
+            model=model_name,
+            config=self._config(args, model),
+            tags=self.tags,
+            **self.client_kwargs,
+        )
+
+    def on_log(self, args, state, control, logs: Mapping[str, Any] | None = None, **kwargs):
+        if not state.is_world_process_zero or self.client is None or not logs:
+            return
+        values = {k: v for k, v in numeric_metrics(logs).items() if k not in END_OF_TRAINING_KEYS}
+        if values:
+            self.client.log(int(state.global_step), values)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.client is not None:
+            self.client.close(status="finished")
+            self.client = None
