@@ -90,9 +90,8 @@ _COMMON: dict[str, Any] = {
 ARCH_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3_moe": {
         **_COMMON,
-        "hidden_size": 96,
         "num_key_value_heads": 2,
-        "head_dim": 24,
+        "head_dim": 16,
         "intermediate_size": 256,  # unused: every layer is sparse (mlp_only_layers = [])
         "moe_intermediate_size": 32,
         "num_experts": 64,
@@ -167,7 +166,7 @@ class ReferenceModel:
 REFERENCE_MODELS: dict[str, ReferenceModel] = {
     m.name: m
     for m in (
-        ReferenceModel("qwen3-moe-64e", "qwen3_moe", TrainingRecipe(steps=4000, lr=4e-3, seed=0)),
+        ReferenceModel("qwen3-moe-64e", "qwen3_moe", TrainingRecipe(steps=5000, lr=3e-3, aux_loss_coef=0.02, seed=0)),
         ReferenceModel(
             "deepseek-v3-64e", "deepseek_v3",
             TrainingRecipe(steps=6000, seed=0, aux_loss_coef=0.001, bias_update_speed=1e-3),
