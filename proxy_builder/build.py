@@ -14,6 +14,7 @@ import json
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -415,8 +416,22 @@ def _commit(tmp: Path, out: Path) -> None:
         tmp.rename(out)
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MiB.
+
+    Linux: VmHWM of /proc/self/status (the high-water mark of this program's own
+    memory; getrusage's ru_maxrss also keeps a forked parent's mark across exec).
+    Elsewhere: ru_maxrss.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
 def build_report(v, selections, statistics, options, search, calib_info, surgery, times, out_dir) -> dict[str, Any]:
@@ -463,7 +478,7 @@ def build_report(v, selections, statistics, options, search, calib_info, surgery
         **plan_report(v.config, v.keep, v.checkpoint, surgery),
         "files": list(surgery.files) + [REPORT_NAME],
         "timing_s": {k.removesuffix("_s"): round(t, 4) for k, t in times.items()},
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
         "device": req.device,
     }
 

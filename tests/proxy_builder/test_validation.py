@@ -204,3 +204,10 @@ def test_cli_synthetic_calibration(tiny_checkpoints, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((out / "proxy_report.json").read_text())
     assert report["calibration"]["source"] == "synthetic:tasks" and report["calibration"]["tokens"] == 400
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_unavailable_device(tiny_checkpoints, calibration_file, tmp_path, no_model_load):
+    with pytest.raises(InvalidPruneRequest, match="'cuda' is not available"):
+        build_proxy(tiny_checkpoints["olmoe"], tmp_path / "p", keep=4, calibration=str(calibration_file), device="cuda")
+    _assert_nothing_written(tmp_path / "p")
