@@ -38,9 +38,11 @@ ROUTER_MODULES: tuple[str, ...] = (
     "moeproxy.service.metrics.router",
     "moeproxy.service.aliases.router",
     "moeproxy.service.mlflow.router",
+    "moeproxy.service.triage.router",
+    "moeproxy.service.ui.router",
 )
 
-LIFESPAN_HOOKS: tuple[str, ...] = ()
+LIFESPAN_HOOKS: tuple[str, ...] = ("moeproxy.service.triage.live",)
 
 
 def create_app(settings: Settings | None = None, *, database: Database | None = None) -> FastAPI:

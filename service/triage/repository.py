@@ -54,6 +54,7 @@ def store(session: Session, result: TriageResponse) -> TriageEvaluation:
             evaluated_at=result.evaluated_at,
             last_step=result.last_step,
             verdict=result.verdict,
+            top_class=top.fault_class if top else None,
             top_score=top.score if top else 0.0,
             top_strength=top.strength if top else "weak",
             outcome_key=key,

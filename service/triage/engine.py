@@ -1,0 +1,148 @@
+"""The bridge to the signature engine: stored metrics in, the SPEC section 5 triage object out.
+
+Besides the ranking it computes what the triage page plots and cannot recompute cheaply at page
+time: the detected change points, and for the top classes the matched fingerprint's expected
+shape mapped back into the run's own units (its effect trace is in baseline units around the
+class onset: ``level + trace * scale``, as :meth:`RunSignature.effect_trace` defines them).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moeproxy.service.triage.errors import LibraryUnavailable
+from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse
+from moeproxy.signatures.vocabulary import MetricAlias
+
+log = logging.getLogger(__name__)
+
+OVERLAY_CLASSES = 3  # expected shapes for the top three classes
+DETAIL_CLASSES = 5  # per-metric match details for the top five
+
+
+class SignatureEngine:
+    """Loads the fingerprint library once (lazily, thread-safe) and evaluates runs with it."""
+
+    def __init__(self, library_path: str | Path | None = None):
+        self.library_path = library_path
+        self._library = None
+        self._lock = threading.Lock()
+
+    @property
+    def library(self):
+        if self._library is None:
+            with self._lock:
+                if self._library is None:
+                    from moeproxy.signatures.api import SignatureError, load_library
+
+                    try:
+                        self._library = load_library(self.library_path)
+                    except (SignatureError, OSError) as exc:  # retried on the next evaluation
+                        raise LibraryUnavailable(str(exc)) from exc
+        return self._library
+
+    def warm(self) -> None:
+        """Load the library and compile DTW (the first call compiles for seconds, SPEC section 8)."""
+        from moeproxy.signatures.api import warm
+
+        _ = self.library
+        warm()
+
+    def evaluate(
+        self,
+        metrics: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        *,
+        run_id: int,
+        framework: str | None,
+        aliases: Sequence[MetricAlias],
+        now: datetime,
+    ) -> TriageResponse:
+        from moeproxy.signatures.api import RunMetrics, canonicalise, run_signature, triage
+        from moeproxy.signatures.canonical import MetricSeries
+
+        library = self.library
+        run = RunMetrics(
+            {name: MetricSeries(steps, values) for name, (steps, values) in metrics.items() if steps.size},
+            framework=framework,
+        )
+        sig = run_signature(canonicalise(run, aliases=aliases, framework=framework), library.params)
+        result = triage(sig, library, run_id=run_id, now=now)
+        candidates = [TriageCandidate(**c.to_dict()) for c in result.candidates]
+        details: dict[str, Any] = {
+            "change_points": {k: int(v) for k, v in result.change_points.items()},
+            "strong_threshold": result.strong_threshold,
+            "renamed": dict(sig.run.renamed),
+            "candidates": {
+                c.fault_class: {
+                    "fingerprint_id": c.fingerprint_id,
+                    "onset_step": c.onset_step,
+                    "metrics": [m.to_dict() for m in c.matches],
+                }
+                for c in result.candidates[:DETAIL_CLASSES]
+            },
+            "overlays": {
+                c.fault_class: overlay
+                for c in result.candidates[:OVERLAY_CLASSES]
+                if (overlay := expected_shapes(sig, library.get(c.fingerprint_id)))
+            },
+        }
+        return TriageResponse(
+            run_id=run_id,
+            evaluated_at=result.evaluated_at,
+            candidates=candidates,
+            verdict=result.verdict,
+            last_step=run.last_step,
+            details=_json_safe(details),
+        )
+
+
+def expected_shapes(sig, fingerprint) -> dict[str, dict[str, list]]:
+    """logged metric name -> the fingerprint's expected trace in the run's units and steps."""
+    if not fingerprint.aligned:
+        return {}
+    onset = sig.onset_of(fingerprint.affected_metrics)
+    if onset is None:
+        return {}
+    steps = sig.run.steps
+    out = {}
+    for name in fingerprint.affected_metrics:
+        if name not in sig.metrics:
+            continue
+        trace = fingerprint.metrics[name].mean_trace()
+        if trace is None or trace.size == 0:
+            continue
+        pre = fingerprint.trace_pre
+        series = sig.run.metrics[name]
+        lo = max(0, onset - pre)
+        base = series.values[lo:onset] if onset > lo else series.values[:1]
+        level = float(np.median(base))
+        scale = max(sig.metrics[name].baseline_scale, 1e-6 * abs(level) + 1e-12)
+        idx = np.arange(onset - pre, onset - pre + trace.size)
+        keep = (idx >= 0) & (idx < steps.size)
+        if not keep.any():
+            continue
+        out[series.source] = {
+            "steps": steps[idx[keep]].tolist(),
+            "values": (level + trace[keep] * scale).tolist(),
+        }
+    return out
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return _json_safe(value.item())
+    return value

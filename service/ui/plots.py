@@ -1,0 +1,154 @@
+"""Figure data for the run page: plain Plotly trace dicts built with numpy (no plotly.graph_objects,
+whose validation costs more than the whole page budget at 5,000 steps x 20 metrics).
+
+Per metric: the run's series (min/max-decimated to at most ``max_points`` so spikes survive),
+non-finite points as markers on the plot's edge (NaN and ±inf are data, SPEC section 4), the
+matched fingerprint's expected shape (dashed) and vertical lines at the detected change points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MAX_POINTS = 1000
+MAX_NONFINITE_MARKERS = 300
+
+# Metrics worth showing first when the evaluation names none (canonical names, SPEC section 4).
+CORE_CANONICAL = (
+    "reward_mean",
+    "kl",
+    "rollout_train_logp_diff",
+    "grad_norm",
+    "entropy",
+    "clip_frac",
+    "ppo_kl",
+    "pg_loss",
+    "response_length",
+)
+KEY_METRICS = 6
+
+
+def decimate(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``max_points`` finite points: the min and the max of each bucket, in step order."""
+    finite = np.isfinite(values)
+    steps, values = steps[finite], values[finite]
+    n = values.size
+    if n <= max_points:
+        return steps, values
+    buckets = max(1, max_points // 2)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    starts = edges[:-1]
+    # Index of the min and of the max inside each bucket, via reduceat on a (value, index) trick.
+    lo_idx = np.empty(buckets, dtype=np.int64)
+    hi_idx = np.empty(buckets, dtype=np.int64)
+    for b in range(buckets):  # buckets <= 500: a short loop over slices, each vectorised
+        seg = values[edges[b] : edges[b + 1]]
+        lo_idx[b] = starts[b] + int(np.argmin(seg))
+        hi_idx[b] = starts[b] + int(np.argmax(seg))
+    keep = np.unique(np.concatenate([lo_idx, hi_idx]))
+    return steps[keep], values[keep]
+
+
+def nonfinite_points(steps: np.ndarray, values: np.ndarray) -> dict[str, list[int]]:
+    """Steps where the value was NaN, +inf or -inf."""
+    return {
+        "NaN": steps[np.isnan(values)].tolist(),
+        "+inf": steps[np.isposinf(values)].tolist(),
+        "-inf": steps[np.isneginf(values)].tolist(),
+    }
+
+
+@dataclass
+class MetricFigure:
+    name: str
+    canonical: str
+    traces: list[dict[str, Any]] = field(default_factory=list)
+    change_points: list[int] = field(default_factory=list)
+    nonfinite: dict[str, int] = field(default_factory=dict)
+    key: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "canonical": self.canonical,
+            "traces": self.traces,
+            "change_points": self.change_points,
+            "nonfinite": self.nonfinite,
+        }
+
+
+_EDGE_Y = {"NaN": 1.02, "+inf": 1.06, "-inf": -0.04}  # marker rows in paper coordinates
+_EDGE_SYMBOL = {"NaN": "x", "+inf": "triangle-up", "-inf": "triangle-down"}
+
+
+def metric_figure(
+    name: str,
+    steps: np.ndarray,
+    values: np.ndarray,
+    *,
+    canonical: str,
+    expected: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+    change_point: int | None = None,
+    max_points: int = MAX_POINTS,
+) -> MetricFigure:
+    """``expected``: fault class -> {"steps", "values"} of that class's expected shape for this metric."""
+    fig = MetricFigure(name=name, canonical=canonical)
+    xs, ys = decimate(steps, values, max_points)
+    fig.traces.append(
+        {"type": "scattergl" if xs.size > 2000 else "scatter", "mode": "lines", "name": "run",
+         "x": xs.tolist(), "y": ys.tolist(), "line": {"width": 1.5, "color": "#1f5fa8"}}
+    )
+    for i, (fault_class, shape) in enumerate((expected or {}).items()):
+        fig.traces.append(
+            {"type": "scatter", "mode": "lines", "name": f"expected: {fault_class}",
+             "x": list(shape["steps"]), "y": list(shape["values"]),
+             "line": {"dash": "dash" if i == 0 else "dot", "width": 2, "color": _OVERLAY_COLOURS[i % 3]}}
+        )
+    for kind, at in nonfinite_points(steps, values).items():
+        if not at:
+            continue
+        fig.nonfinite[kind] = len(at)
+        shown = at[:MAX_NONFINITE_MARKERS]
+        fig.traces.append(
+            {"type": "scatter", "mode": "markers", "name": f"{kind} ({len(at)})", "x": shown,
+             "y": [_EDGE_Y[kind]] * len(shown), "yaxis": "y2", "hovertemplate": f"step %{{x}}: {kind}<extra></extra>",
+             "marker": {"symbol": _EDGE_SYMBOL[kind], "size": 7, "color": "#c0392b"}}
+        )
+    if change_point is not None:
+        fig.change_points.append(int(change_point))
+    return fig
+
+
+_OVERLAY_COLOURS = ("#e67e22", "#8e44ad", "#16a085")
+
+
+def order_metrics(
+    names: Sequence[str],
+    canonical_of: Mapping[str, str],
+    *,
+    overlay_metrics: Sequence[str] = (),
+    evidence_metrics: Sequence[str] = (),
+) -> list[str]:
+    """Key metrics first: the top class's expected-shape metrics, then those its evidence names,
+    then the core canonical ones, then the rest alphabetically."""
+    rank: dict[str, tuple[int, int]] = {}
+    core = {c: i for i, c in enumerate(CORE_CANONICAL)}
+    for name in names:
+        if name in overlay_metrics:
+            rank[name] = (0, list(overlay_metrics).index(name))
+        elif name in evidence_metrics:
+            rank[name] = (1, list(evidence_metrics).index(name))
+        elif canonical_of.get(name, name) in core:
+            rank[name] = (2, core[canonical_of.get(name, name)])
+        else:
+            rank[name] = (3, 0)
+    return sorted(names, key=lambda n: (rank[n], n))
+
+
+def finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

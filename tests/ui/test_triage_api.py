@@ -1,0 +1,81 @@
+"""GET /api/v1/runs/{id}/triage (SPEC section 5) and the run page on held-out fault traces."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from moeproxy.signatures.synthetic import synthetic_run
+
+HELD_OUT = [
+    # class, steps, onset, magnitude, seed: none of these runs built the library
+    ("rollout_logp_precision", 90, 35, 1.3, 101),
+    ("gradient_overflow", 80, 30, 1.0, 102),
+    ("lr_misconfiguration", 100, 40, 1.5, 103),
+]
+
+
+@pytest.mark.parametrize(("fault_class", "steps", "onset", "magnitude", "seed"), HELD_OUT, ids=[h[0] for h in HELD_OUT])
+def test_held_out_trace_ranks_its_class_first_in_api_and_page(
+    ui_client, auth, post_run, fault_class, steps, onset, magnitude, seed
+):
+    run = synthetic_run(fault_class, steps=steps, onset=onset, magnitude=magnitude, seed=seed)
+    run_id = post_run(run, f"heldout-{fault_class}")
+
+    body = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth()).json()
+    assert set(body) >= {"run_id", "evaluated_at", "candidates", "verdict"}
+    ranked = [c["fault_class"] for c in body["candidates"]]
+    assert ranked[0] == fault_class
+    assert "healthy" in ranked  # healthy is ranked as a class
+    scores = [c["score"] for c in body["candidates"]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    top = body["candidates"][0]
+    assert top["strength"] == "strong" and top["family"] and top["evidence"]
+    assert fault_class in body["verdict"]
+
+    page = ui_client.get(f"/runs/{run_id}")
+    assert page.status_code == 200
+    first_row = re.search(r'data-fault-class="([a-z_]+)"', page.text)
+    assert first_row and first_row.group(1) == fault_class
+    assert f'href="/faults#{fault_class}"' in page.text
+
+
+def test_healthy_trace_is_not_a_fault(ui_client, auth, post_run):
+    run_id = post_run(synthetic_run("healthy", steps=80, seed=104), "healthy-run")
+    top = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth()).json()["candidates"][0]
+    assert top["fault_class"] == "healthy" or top["strength"] == "weak"
+
+
+def test_evaluation_is_stored_and_reused(ui_client, auth, post_run):
+    run_id = post_run(synthetic_run("gradient_overflow", steps=70, onset=25, seed=105), "stored")
+    first = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth()).json()
+    again = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth()).json()
+    assert again["evaluated_at"] == first["evaluated_at"] and again["evaluations"] == 1  # stored, not redone
+    forced = ui_client.post(f"/api/v1/runs/{run_id}/triage", headers=auth()).json()
+    assert forced["evaluated_at"] >= first["evaluated_at"]
+    stored = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth()).json()
+    assert stored["evaluations"] == 2  # same outcome: folded into one history entry
+    history = ui_client.get(f"/api/v1/runs/{run_id}/triage/history", headers=auth()).json()["changes"]
+    assert len(history) == 1 and history[0]["evaluations"] == 2
+    likely = {h["fault_class"]: h for h in stored["history"]}["gradient_overflow"]
+    assert likely["first_likely_step"] == 69 and likely["first_likely_at"] is not None
+
+
+def test_details_carry_change_points_and_expected_shapes(ui_client, auth, post_run):
+    run_id = post_run(synthetic_run("rollout_logp_precision", steps=80, onset=30, seed=106), "details")
+    plain = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth()).json()
+    assert plain["details"] == {}
+    details = ui_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()["details"]
+    assert details["change_points"]["training/rollout_probs_diff_mean"] == 30
+    shape = details["overlays"]["rollout_logp_precision"]["training/rollout_probs_diff_mean"]
+    assert len(shape["steps"]) == len(shape["values"]) > 10 and 30 in shape["steps"]
+
+
+def test_no_metrics_and_other_projects(ui_client, auth):
+    run_id = ui_client.post("/api/v1/runs", json={"name": "empty"}, headers=auth()).json()["id"]
+    body = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth()).json()
+    assert body["candidates"] == [] and body["verdict"] == "no metrics yet"
+    other = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth("another-project"))
+    assert other.status_code == 404
+    assert ui_client.get(f"/api/v1/runs/{run_id}/triage").status_code == 401
