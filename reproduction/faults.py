@@ -119,6 +119,13 @@ class FaultSpec:
         if self.fault_class not in FAULT_CLASSES:
             raise UnknownFault(f"unknown fault class {self.fault_class!r}; known: {sorted(FAULT_CLASSES)}")
         variants = FAULT_CLASSES[self.fault_class].variants
+        params = dict(self.params)
+        if "variant" in params:  # campaign files carry the variant among the parameters
+            given = str(params.pop("variant"))
+            if self.variant and self.variant != given:
+                raise InvalidFaultParams(f"variant given twice: {self.variant!r} and {given!r}")
+            object.__setattr__(self, "variant", given)
+            object.__setattr__(self, "params", params)
         variant = self.variant or variants[0]
         if variant not in variants:
             raise UnknownFault(f"{self.fault_class} has no variant {variant!r}; variants: {list(variants)}")
@@ -478,20 +485,32 @@ class LossScaleNoHandling(FaultInjector):
 
 @register("gradient_overflow", "inject_nonfinite")
 class InjectNonFinite(FaultInjector):
-    """An inf/NaN in the trainer's forward (one token's log-probs) from ``onset``: loss and gradients
-    turn NaN.  ``handled=true`` keeps the trainer's skip-on-non-finite; ``false`` applies the step."""
+    """An inf/NaN appears in the trainer's forward activations from ``onset`` (one hidden unit of
+    the first sequence after the first decoder layer, in the gradient-carrying passes):
+    that sequence's log-probs, the loss and every gradient turn NaN.  ``handled=true`` keeps the
+    trainer's skip-on-non-finite (verl); ``false`` applies the step, and NaN reaches the weights.
+
+    (Poisoning the log-probs themselves would not do: verl's clamps on the log-ratio pass a zero
+    gradient for a NaN entry, so the fault has to sit upstream of the LM head, where it lives.)"""
 
     defaults = {"value": "nan", "handled": True}
-    where = "trainer forward (log-probs), optimizer step"
+    where = "trainer forward activations, optimizer step"
 
-    def trainer_log_probs(self, step, logp, mask):
-        if not self.active(step) or not logp.requires_grad:
-            return logp  # the no-grad recompute before the update stays finite
-        bad = float("inf") if self.p("value") == "inf" else float("nan")
-        poison = torch.zeros_like(logp)
-        rows, cols = torch.nonzero(mask.bool(), as_tuple=True)
-        poison[rows[0], cols[0]] = bad  # one real response token of the mini-batch
-        return logp + poison
+    def bind(self, ctx, trainer, rollout):
+        super().bind(ctx, trainer, rollout)
+        if self.p("value") not in ("nan", "inf"):
+            raise InvalidFaultParams("value must be 'nan' or 'inf'")
+        layers = trainer.model.get_decoder().layers
+        self._handle = layers[0].register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output):
+        if self.ctx is None or not self.active(self.ctx.step) or not torch.is_grad_enabled():
+            return output
+        hidden = output[0] if isinstance(output, tuple) else output
+        poison = torch.zeros_like(hidden)
+        poison[0, :, 0] = float("inf") if self.p("value") == "inf" else float("nan")
+        hidden = hidden + poison
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
     def skip_nonfinite(self, step, default):
         return default if self.p("handled") or not self.active(step) else False

@@ -47,3 +47,27 @@ def warm_tiny(out: Path, *, arch: str = "qwen3_moe", seed: int = 0, sft_steps: i
     tok.padding_side = "left"
     tok.save_pretrained(out)
     return out
+
+
+_CACHE: dict[tuple, Path] = {}
+
+
+def cached_warm_tiny(base: Path, **kwargs) -> Path:
+    """One warmed model per argument set and test session (``base`` is a session temp dir)."""
+    key = tuple(sorted(kwargs.items()))
+    if key not in _CACHE:
+        name = "warm-" + "-".join(f"{k}{v}" for k, v in key) if key else "warm"
+        _CACHE[key] = warm_tiny(Path(base) / name, **kwargs)
+    return _CACHE[key]
+
+
+def small_config(**overrides):
+    """A small, fast engine config on the warm tasks: 8 prompts × 4 samples, 4 mini-batch updates."""
+    from moeproxy.reproduction.config import EngineConfig
+
+    base = dict(
+        tasks=WARM_TASKS, max_new_tokens=4, lr=1e-4, lr_warmup_steps=1,
+        prompts_per_step=8, group_size=4, ppo_mini_batch_size=2,
+    )
+    base.update(overrides)
+    return EngineConfig(**base)
