@@ -119,7 +119,8 @@ def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
         # still says what a run of this fault looks like on its own.
         affected = {m: _majority([s.metrics[m].direction for s in sigs])[0] != 0 for m in names}
     affected_names = [m for m in names if affected[m]]
-    onsets = [s.onset_of(affected_names) for s in sigs]
+    injected = _injected_onset(params or {})
+    onsets = [_reference_onset(s, affected_names, injected) for s in sigs]
     aligned = fault_class != "healthy" and sum(o is not None for o in onsets) * 2 >= len(sigs)
     pre = signature_params.trace_pre
     metrics = {m: _expectation(m, sigs, onsets if aligned else [None] * len(sigs), affected[m], pre)
@@ -152,6 +153,27 @@ def fingerprint_from_trace_set(ts: TraceSet, *, signature_params: SignatureParam
     return build_fingerprint(ts.fault_class, [ts.fault_runs[s] for s in seeds], twins, variant=ts.variant,
                              params=ts.params, provenance=prov, fingerprint_id=fingerprint_id,
                              signature_params=signature_params)
+
+
+#: Parameter names under which the engine's injectors take their onset step.
+ONSET_PARAMS = ("onset", "onset_step")
+
+
+def _injected_onset(params: Mapping[str, Any]) -> int | None:
+    for key in ONSET_PARAMS:
+        value = params.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)
+    return None
+
+
+def _reference_onset(sig: RunSignature, affected: Sequence[str], injected: int | None) -> int | None:
+    """The class onset of one fingerprint run: the injection step when the campaign knows it (the
+    lags of the fingerprint are then physical: "KL rises 2 steps after the fault"), else the
+    earliest onset among the affected metrics."""
+    if injected is not None and sig.steps.size and sig.steps[0] <= injected <= sig.steps[-1]:
+        return int(np.searchsorted(sig.steps, injected))
+    return sig.onset_of(affected)
 
 
 def _params_key(params: Mapping[str, Any]) -> str:

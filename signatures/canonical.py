@@ -273,7 +273,8 @@ def step_grid(step_lists: Sequence[np.ndarray], *, max_points: int = MAX_GRID_PO
         return np.zeros(0, dtype=np.int64)
     lo = min(int(s[0]) for s in nonempty)
     hi = max(int(s[-1]) for s in nonempty)
-    gaps = [np.diff(s) for s in nonempty if s.size > 1]
+    # Offsets of every series from the first step count too: steps 0,10,20 and 5,15 need stride 5.
+    gaps = [np.diff(s - lo, prepend=0) for s in nonempty]
     stride = int(reduce(math.gcd, (int(g) for d in gaps for g in np.unique(d)), 0)) or 1
     n = (hi - lo) // stride + 1
     if n > max_points:

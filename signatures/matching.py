@@ -40,7 +40,7 @@ from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, MetricAlias
 @dataclass(frozen=True)
 class Weights:
     direction_affected: float = 1.0
-    direction_unaffected: float = 0.4
+    direction_unaffected: float = 0.1
     surprise_change: float = 1.0  # an "unaffected" metric that changed in the run
     shape: float = 1.0
     timing: float = 0.5
@@ -190,7 +190,7 @@ def verdict(candidates: Sequence[Candidate]) -> str:
 
 def score_fingerprint(sig: RunSignature, fp: Fingerprint, library: FingerprintLibrary | None = None,
                       weights: Weights = WEIGHTS) -> FingerprintScore:
-    onset = sig.onset_of(fp.affected_metrics) if fp.aligned else None
+    onset = class_onset(sig, fp) if fp.aligned else None
     num = den = 0.0
     cover_have = cover_all = 0.0
     matches = []
@@ -211,6 +211,29 @@ def score_fingerprint(sig: RunSignature, fp: Fingerprint, library: FingerprintLi
     coverage = cover_have / cover_all if cover_all > 0 else 0.0
     score = raw * (0.5 + 0.5 * coverage)
     return FingerprintScore(fp, float(np.clip(score, 0.0, 1.0)), tuple(matches), onset, coverage)
+
+
+def class_onset(sig: RunSignature, fp: Fingerprint) -> int | None:
+    """Where the fingerprint's fault would have started in this run.
+
+    Every affected metric with an onset in the run votes ``its onset − the fingerprint's lag``;
+    the weighted median of the votes (weights fall with the lag's spread across the proxy runs)
+    is robust to one metric with an unrelated early change point. Without any lag, the earliest
+    onset among the affected metrics."""
+    votes, weights = [], []
+    for name in fp.affected_metrics:
+        ms = sig.metrics.get(name)
+        exp = fp.metrics[name]
+        if ms is None or ms.onset_index is None or exp.onset_lag is None:
+            continue
+        votes.append(ms.onset_index - exp.onset_lag)
+        weights.append(1.0 / (1.0 + exp.onset_lag_spread))
+    if not votes:
+        return sig.onset_of(fp.affected_metrics)
+    order = np.argsort(votes)
+    v, w = np.asarray(votes)[order], np.asarray(weights)[order]
+    k = int(np.searchsorted(np.cumsum(w), 0.5 * w.sum()))
+    return int(np.clip(round(v[min(k, v.size - 1)]), 0, sig.steps.size - 1))
 
 
 def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation, fp: Fingerprint,

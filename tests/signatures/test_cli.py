@@ -1,0 +1,85 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from moeproxy.cli import app
+from moeproxy.signatures.fingerprint import save_library
+from moeproxy.signatures.synthetic import synthetic_run
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def library_dir(tmp_path_factory, synthetic_library):
+    d = tmp_path_factory.mktemp("lib")
+    save_library(synthetic_library, d, manifest={"command": "tests"})
+    return d
+
+
+def _write_jsonl(path, run):
+    lines = []
+    for item in run.to_steps():
+        # JSON NaN/Infinity literals, as the reproduction traces write them
+        lines.append(json.dumps({"step": item["step"], "values": {
+            k: (float(v.replace("Infinity", "inf")) if isinstance(v, str) else v) for k, v in item["values"].items()}}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_triage_file_json(tmp_path, library_dir):
+    p = tmp_path / "run.jsonl"
+    _write_jsonl(p, synthetic_run("gradient_overflow", seed=21, steps=60, onset=22))
+    assert "NaN" in p.read_text() and "Infinity" in p.read_text()
+    res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert set(d) == {"run_id", "evaluated_at", "candidates", "verdict"}
+    assert d["candidates"][0]["fault_class"] == "gradient_overflow"
+
+
+def test_triage_rest_body_with_framework_prints_ranking(tmp_path, library_dir):
+    run = synthetic_run("lr_misconfiguration", seed=22, steps=60, onset=22)
+    p = tmp_path / "body.json"
+    p.write_text(json.dumps({"framework": "verl", "steps": run.to_steps()}))
+    res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir)])
+    assert res.exit_code == 0, res.output
+    assert "1. lr_misconfiguration" in res.stdout and "likely lr_misconfiguration" in res.stdout
+
+
+def test_triage_user_errors_exit_2_without_traceback(tmp_path, library_dir):
+    res = runner.invoke(app, ["triage", str(tmp_path / "missing.jsonl"), "--library", str(library_dir)])
+    assert res.exit_code == 2 and "no such file" in res.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": "x", "values": {}}\n')
+    res = runner.invoke(app, ["triage", str(bad), "--library", str(library_dir)])
+    assert res.exit_code == 2 and "step must be an integer" in res.stderr
+    res = runner.invoke(app, ["triage"])
+    assert res.exit_code == 2
+
+
+def test_fingerprints_list_show_validate(tmp_path, library_dir):
+    res = runner.invoke(app, ["fingerprints", "list", "--library", str(library_dir), "--json"])
+    assert res.exit_code == 0
+    rows = json.loads(res.stdout)["fingerprints"]
+    assert {r["fault_class"] for r in rows} >= {"healthy", "stale_weight_sync"}
+    res = runner.invoke(app, ["fingerprints", "show", "stale_weight_sync", "--library", str(library_dir)])
+    assert res.exit_code == 0 and "rollout_train_logp_diff" in res.stdout
+    res = runner.invoke(app, ["fingerprints", "validate", str(library_dir), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["valid"] is True
+    doc = json.loads((library_dir / "fingerprints.json").read_text())
+    doc["fingerprints"][0]["metrics"][next(iter(doc["fingerprints"][0]["metrics"]))]["direction"] = 5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    res = runner.invoke(app, ["fingerprints", "validate", str(bad)])
+    assert res.exit_code == 2 and "fingerprints[0].metrics." in res.stderr and ".direction" in res.stderr
+
+
+def test_consistency_command(tmp_path):
+    a = tmp_path / "a.jsonl"
+    b = tmp_path / "b.jsonl"
+    _write_jsonl(a, synthetic_run("stale_weight_sync", seed=23, steps=60, onset=20))
+    _write_jsonl(b, synthetic_run("stale_weight_sync", seed=24, steps=60, onset=20, scale=3.0))
+    res = runner.invoke(app, ["consistency", str(a), str(a), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["verdict"] == "consistent"
+    res = runner.invoke(app, ["consistency", str(a), str(b)])
+    assert res.exit_code == 0 and res.stdout.split(":")[0] in ("consistent", "partially consistent")

@@ -1,0 +1,99 @@
+import numpy as np
+import pytest
+
+from moeproxy.signatures.canonical import RunMetrics, canonicalise
+from moeproxy.signatures.features import run_signature
+
+
+def _ar(seed: int, n: int, phi: float = 0.6) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    e = rng.normal(size=n)
+    x = np.zeros(n)
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + e[i]
+    return x
+
+
+def _sig(arrays, **kw):
+    return run_signature(canonicalise(RunMetrics.from_arrays(arrays, **kw)))
+
+
+@pytest.mark.parametrize(("n", "onset"), [(60, 20), (100, 41), (400, 150), (2000, 1200)])
+def test_step_change_is_found_at_its_step(n, onset):
+    x = 0.01 + 0.001 * _ar(n, n)
+    x[onset:] += 0.02
+    m = _sig({"x": x}).metrics["x"]
+    tol = max(1, n // 256)  # long runs are tested on block means
+    assert abs(m.onset_step - onset) <= tol
+    assert m.direction == 1 and m.ratio == pytest.approx(3.0, rel=0.15)
+
+
+def test_onset_on_a_non_unit_step_grid():
+    x = np.r_[np.zeros(30), np.full(30, 5.0)] + 0.1 * _ar(1, 60)
+    m = _sig({"x": x}, steps=range(0, 600, 10)).metrics["x"]
+    assert m.onset_step == 300
+
+
+def test_jump_then_growth_onset_is_the_jump():
+    n, onset = 80, 30
+    x = 0.01 + 0.0005 * _ar(2, n)
+    x[onset:] += 0.01 + 0.002 * np.arange(n - onset)
+    m = _sig({"x": x}).metrics["x"]
+    assert abs(m.onset_step - onset) <= 1
+    assert m.direction == 1 and m.trend == 1
+
+
+@pytest.mark.parametrize(("slope", "sign"), [(0.02, 1), (-0.02, -1)])
+def test_trend_sign(slope, sign):
+    n = 80
+    x = 1.0 + slope * np.arange(n) + 0.05 * _ar(4, n)
+    m = _sig({"x": x}).metrics["x"]
+    assert m.trend == sign and m.direction == sign
+    assert np.sign(m.trend_slope) == sign
+
+
+def test_falling_step():
+    x = np.r_[np.full(30, 0.99), np.full(30, 0.9)] + 0.001 * _ar(5, 60)
+    m = _sig({"x": x}).metrics["x"]
+    assert m.direction == -1 and abs(m.onset_step - 30) <= 1
+
+
+def test_noisy_healthy_run_does_not_light_up_twelve_metrics():
+    # Twelve flat, strongly autocorrelated metrics: BH across metrics and HAC errors keep the
+    # false changes down.
+    arrays = {f"m{i}": 1.0 + 0.1 * _ar(100 + i, 200, phi=0.8) for i in range(12)}
+    sig = _sig(arrays)
+    changed = [m for m in sig.metrics.values() if m.direction != 0]
+    assert len(changed) <= 1
+
+
+def test_constant_metric_and_noiseless_jump():
+    n = 40
+    lr_flat = np.full(n, 1e-6)
+    lr_jump = np.r_[np.full(15, 1e-6), np.full(n - 15, 1e-4)]
+    sig = _sig({"flat": lr_flat, "jump": lr_jump})
+    assert sig.metrics["flat"].direction == 0 and sig.metrics["flat"].onset_step is None
+    assert sig.metrics["jump"].onset_step == 15 and sig.metrics["jump"].ratio == pytest.approx(100.0)
+
+
+def test_nonfinite_events_are_reported():
+    x = 1.0 + 0.1 * _ar(6, 40)
+    x[25] = np.nan
+    x[30:33] = np.inf
+    m = _sig({"actor/grad_norm": x}, framework="verl").metrics["grad_norm"]
+    assert m.first_nonfinite_step == 25 and m.nonfinite_count == 4
+    assert (m.nan_count, m.posinf_count) == (1, 3)
+
+
+def test_effect_trace_is_aligned_on_the_onset_and_padded_on_short_prefixes():
+    x = np.r_[np.zeros(5), np.ones(20)] + 0.01 * _ar(7, 25)
+    sig = _sig({"x": x})
+    t = sig.effect_trace("x", 5, pre=8, post=10)
+    assert t.size == 18
+    assert abs(t[:8]).max() < abs(t[8:]).min()
+
+
+def test_short_and_partial_runs_do_not_fail():
+    for n in (1, 2, 5, 9):
+        sig = _sig({"x": np.arange(float(n))})
+        assert sig.metrics["x"].n_points == n

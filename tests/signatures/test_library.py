@@ -1,0 +1,108 @@
+import copy
+import json
+
+import pytest
+
+from moeproxy.signatures.errors import InvalidLibrary
+from moeproxy.signatures.fingerprint import (
+    FORMAT_VERSION,
+    library_from_dict,
+    load_library,
+    resolve_library_path,
+    save_library,
+)
+
+
+def test_round_trip(tmp_path, synthetic_library):
+    target = save_library(synthetic_library, tmp_path / "lib", manifest={"command": "test"})
+    back = load_library(tmp_path / "lib")
+    assert back.to_dict() == synthetic_library.to_dict() or json.loads(target.read_text()) == back.to_dict()
+    assert [f.id for f in back.fingerprints] == [f.id for f in synthetic_library.fingerprints]
+    manifest = json.loads((tmp_path / "lib" / "manifest.json").read_text())
+    assert manifest["fingerprints"] == len(back.fingerprints) and len(manifest["library_sha256"]) == 64
+    # a second save of what was loaded is byte-identical
+    again = save_library(back, tmp_path / "again")
+    assert again.read_text() == target.read_text()
+
+
+def test_every_fingerprint_keeps_its_expectations(synthetic_library):
+    doc = synthetic_library.to_dict()
+    back = library_from_dict(json.loads(json.dumps(doc)))
+    for a, b in zip(synthetic_library.fingerprints, back.fingerprints, strict=True):
+        assert a.affected_metrics == b.affected_metrics
+        for m in a.metrics:
+            assert a.metrics[m].direction == b.metrics[m].direction
+            assert len(a.metrics[m].traces) == len(b.metrics[m].traces)
+
+
+def _doc(synthetic_library):
+    return copy.deepcopy(synthetic_library.to_dict())
+
+
+def _first_metric(doc, i=1):
+    fp = doc["fingerprints"][i]
+    return fp, next(iter(fp["metrics"]))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda d: d.pop("format_version"), "format_version"),
+        (lambda d: d.update(format_version=FORMAT_VERSION + 1), "format_version"),
+        (lambda d: d.update(fingerprints={}), "fingerprints"),
+        (lambda d: d["fingerprints"][2].update(fault_class="cosmic_rays"), "fingerprints[2].fault_class"),
+        (lambda d: d["fingerprints"][2].update(family="routing" if d["fingerprints"][2]["family"] != "routing"
+                                               else "numerical"), "fingerprints[2].family"),
+        (lambda d: d["fingerprints"][1].pop("metrics"), "fingerprints[1].metrics"),
+        (lambda d: d["fingerprints"][3].update(id=d["fingerprints"][0]["id"]), "fingerprints[3].id"),
+        (lambda d: d["params"].update(alpha=2.0), "params"),
+        (lambda d: d["params"].update(colour=1), "params.colour"),
+        (lambda d: d["calibration"].update(strong_threshold=1.5), "calibration.strong_threshold"),
+    ],
+)
+def test_validation_names_the_bad_field(synthetic_library, mutate, path):
+    doc = _doc(synthetic_library)
+    mutate(doc)
+    with pytest.raises(InvalidLibrary) as err:
+        library_from_dict(doc)
+    assert err.value.path == path
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "suffix"),
+    [("direction", 2, "direction"), ("role", "maybe", "role"), ("nonfinite_rate", 1.5, "nonfinite_rate"),
+     ("traces", [[0.1, "x"]], "traces[0][1]"), ("traces", "abc", "traces"), ("source", 3, "source")],
+)
+def test_validation_names_the_bad_metric_field(synthetic_library, field, value, suffix):
+    doc = _doc(synthetic_library)
+    fp, metric = _first_metric(doc)
+    fp["metrics"][metric][field] = value
+    with pytest.raises(InvalidLibrary) as err:
+        library_from_dict(doc)
+    assert err.value.path == f"fingerprints[1].metrics.{metric}.{suffix}"
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(InvalidLibrary, match="no such file"):
+        load_library(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InvalidLibrary, match="not JSON"):
+        load_library(bad)
+
+
+def test_environment_overrides_the_library_path(tmp_path, monkeypatch):
+    from moeproxy.config import get_settings
+
+    monkeypatch.setenv("MOEPROXY_FINGERPRINTS", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        assert resolve_library_path() == tmp_path / "fingerprints.json"
+    finally:
+        get_settings.cache_clear()
+
+
+def test_leave_one_class_out(synthetic_library):
+    loco = synthetic_library.without_class("stale_weight_sync")
+    assert "stale_weight_sync" not in loco.fault_classes
+    assert len(loco.fingerprints) == len(synthetic_library.fingerprints) - 1

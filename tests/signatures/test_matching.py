@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+
+from moeproxy.signatures.calibrate import LabelledRun, calibrate
+from moeproxy.signatures.matching import triage
+from moeproxy.signatures.synthetic import synthetic_run
+
+from .conftest import CLASSES
+
+# Held out: seeds, onsets, magnitudes, lengths and scale not used to build the library.
+HELDOUT = dict(steps=64, onset=23, magnitude=1.4, scale=3.0)
+
+
+@pytest.mark.parametrize("fault_class", CLASSES)
+def test_injected_class_ranks_first_on_heldout_traces(synthetic_library, fault_class):
+    for seed in (200, 201):
+        result = triage(synthetic_run(fault_class, seed=seed, **HELDOUT), synthetic_library)
+        assert result.candidates[0].fault_class == fault_class, result.to_dict()
+
+
+def test_triage_object_has_the_spec_shape(synthetic_library):
+    result = triage(synthetic_run("rollout_logp_precision", seed=5, **HELDOUT), synthetic_library, run_id=7)
+    d = result.to_dict()
+    assert set(d) == {"run_id", "evaluated_at", "candidates", "verdict"}
+    assert d["run_id"] == 7
+    assert {c["fault_class"] for c in d["candidates"]} == set(CLASSES)  # healthy included
+    scores = [c["score"] for c in d["candidates"]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    for c in d["candidates"]:
+        assert set(c) == {"fault_class", "family", "score", "strength", "evidence"}
+        assert c["strength"] in ("strong", "weak") and c["evidence"]
+    top = d["candidates"][0]
+    assert any("training/rollout_probs_diff_mean jumped" in e and "at step 23" in e for e in top["evidence"])
+    assert any("matches rollout_logp_precision in direction" in e for e in top["evidence"])
+    assert "rollout_logp_precision" in d["verdict"]
+    detailed = result.to_dict(details=True)
+    assert detailed["change_points"]["training/rollout_probs_diff_mean"] == 23
+    assert detailed["candidates"][0]["fingerprint_id"].startswith("rollout_logp_precision/")
+
+
+def test_nonfinite_grad_norm_is_evidence(synthetic_library):
+    result = triage(synthetic_run("gradient_overflow", seed=9, **HELDOUT), synthetic_library)
+    top = result.candidates[0]
+    assert top.fault_class == "gradient_overflow"
+    assert any(e.startswith("actor/grad_norm non-finite from step 23") for e in top.evidence)
+    healthy = next(c for c in result.candidates if c.fault_class == "healthy")
+    assert healthy.score < top.score
+
+
+def test_partial_run_is_diagnosed_online(synthetic_library):
+    run = synthetic_run("stale_weight_sync", seed=11, **HELDOUT)
+    ranks = []
+    for last in (30, 40, 63):
+        result = triage(run.truncated(last), synthetic_library)
+        ranks.append([c.fault_class for c in result.candidates].index("stale_weight_sync"))
+    assert ranks[-1] == 0 and all(r < 3 for r in ranks)
+    early = triage(run.truncated(18), synthetic_library)  # before the onset: nothing to see yet
+    assert early.candidates[0].fault_class == "healthy"
+
+
+def test_run_logging_only_some_metrics_still_matches(synthetic_library):
+    keep = ("critic/score/mean", "training/rollout_probs_diff_mean", "rollout_corr/kl", "actor/pg_clipfrac")
+    result = triage(synthetic_run("rollout_logp_precision", seed=12, metrics=keep, **HELDOUT), synthetic_library)
+    assert result.candidates[0].fault_class == "rollout_logp_precision"
+
+
+def test_trl_names_are_matched_through_aliases(synthetic_library):
+    from moeproxy.signatures.canonical import RunMetrics
+
+    verl = synthetic_run("lr_misconfiguration", seed=13, **HELDOUT)
+    rename = {"actor/grad_norm": "grad_norm", "actor/kl_loss": "kl", "actor/entropy": "entropy",
+              "critic/score/mean": "reward", "actor/lr": "learning_rate"}
+    trl = RunMetrics({rename[k]: v for k, v in verl.series.items() if k in rename}, framework="trl")
+    assert triage(trl, synthetic_library).candidates[0].fault_class == "lr_misconfiguration"
+
+
+def test_calibrated_threshold_reports_a_left_out_class_as_weak(synthetic_library):
+    cal_runs = [LabelledRun(c, synthetic_run(c, seed=s, steps=56, onset=19, magnitude=1.2))
+                for c in CLASSES for s in (300, 301)]
+    lib, report = calibrate(synthetic_library, cal_runs)
+    assert 0 < lib.calibration.strong_threshold < 1 and report["balanced_accuracy"] > 0.8
+    weak = []
+    for c in CLASSES[1:]:
+        result = triage(synthetic_run(c, seed=400, **HELDOUT), lib.without_class(c))
+        weak.append(result.candidates[0].strength == "weak")
+        own = triage(synthetic_run(c, seed=400, **HELDOUT), lib)
+        assert own.candidates[0].fault_class == c
+    assert np.mean(weak) >= 0.8
