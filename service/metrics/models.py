@@ -1,10 +1,11 @@
 """Two tables keep the points narrow: a metric is (run, name) -> id, a point is (metric id, step, value).
 
-``metric_points.value`` is NULL for NaN on both backends: SQLite turns a NaN
-float into NULL on the way in anyway, and a point is only stored when it was
-logged, so NULL has no other meaning.  ±inf are stored as IEEE infinities
-(both backends keep them).  Use :func:`moeproxy.service.metrics.repository.read_metrics`
-rather than raw SQL to get floats back.
+NaN: PostgreSQL stores it exactly in ``double precision``; SQLite cannot (a NaN
+float becomes NULL on the way in), so there NaN is stored as NULL.  A point is
+only stored when it was logged, so NULL has no other meaning, and readers treat
+NULL as NaN on both backends.  ±inf are stored as IEEE infinities on both.
+Use :func:`moeproxy.service.metrics.repository.read_metrics` (or
+``read_metric_arrays``) rather than raw SQL to get floats back.
 """
 
 from __future__ import annotations

@@ -259,3 +259,33 @@ def test_failing_event_callback_does_not_break_ingest(client, auth, run):
     finally:
         events.remove_callback(broken)
     assert response.status_code == 200
+
+
+def test_numpy_copy_stream_matches_psycopg_write_row(backend, engine):
+    """The hand-built binary COPY stream against psycopg's own per-row writer (random rows)."""
+    if backend != "postgres":
+        pytest.skip("binary COPY is the PostgreSQL path")
+    from moeproxy.service.metrics.repository import copy_payload
+
+    rng = random.Random(3)
+    n = 500
+    ids = [rng.randint(1, 2**31 - 1) for _ in range(n)]
+    steps = [rng.randint(0, 2**63 - 1) for _ in range(n)]
+    values = [rng.choice([rng.uniform(-1e6, 1e6), math.nan, math.inf, -math.inf, -0.0, 5e-324]) for _ in range(n)]
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("CREATE TEMP TABLE fast (i int4, s int8, v float8); CREATE TEMP TABLE naive (i int4, s int8, v float8)")
+        with cur.copy("COPY fast FROM STDIN (FORMAT BINARY)") as copy:
+            copy.write(copy_payload(ids, steps, values))
+        with cur.copy("COPY naive FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["int4", "int8", "float8"])
+            for row in zip(ids, steps, values):
+                copy.write_row(row)
+        cur.execute("SELECT i, s, v::text FROM fast ORDER BY i, s")
+        fast = cur.fetchall()
+        cur.execute("SELECT i, s, v::text FROM naive ORDER BY i, s")
+        assert fast == cur.fetchall() and len(fast) == n
+    finally:
+        raw.rollback()
+        raw.close()
