@@ -300,10 +300,14 @@ def _validate_with_statistics(req: BuildRequest, statistics: Mapping[int, LayerS
     return v
 
 
-def load_model(model_dir: Path, device: str = "cpu", dtype: str = "auto"):
+def load_model(model_dir: Path, device: str = "cpu", dtype: str = "auto", *, progress: bool = True):
     """The original model for statistics (eval mode), and its tokenizer (None without tokenizer files)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not progress:
+        hf_logging.disable_progress_bar()
 
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
@@ -341,7 +345,7 @@ def _statistics_stage(v: ValidatedRequest, stages: _Stages):
     req = v.request
     t = time.perf_counter()
     with stages.bar("load model", total=1) as bar:
-        model, tokenizer = load_model(req.model_dir, req.device, req.dtype)
+        model, tokenizer = load_model(req.model_dir, req.device, req.dtype, progress=stages.enabled)
         bar.update(1)
     stages.times["load_s"] = time.perf_counter() - t
 
