@@ -50,15 +50,17 @@ def _post_demo_when_ready(base_url: str, database_url: str) -> None:
 
 
 def serve(
-    host: str = typer.Option("127.0.0.1", help="interface to bind (0.0.0.0 in a container)"),
-    port: int = typer.Option(8000, help="TCP port"),
-    workers: int = typer.Option(1, min=1, help="uvicorn worker processes (PostgreSQL: about one per core)"),
+    host: str = typer.Option("127.0.0.1", envvar="MOEPROXY_HOST", help="interface to bind (0.0.0.0 in a container)"),
+    port: int = typer.Option(8000, envvar="MOEPROXY_PORT", help="TCP port"),
+    workers: int = typer.Option(
+        1, min=1, envvar="MOEPROXY_WORKERS", help="uvicorn worker processes (PostgreSQL: about one per core)"
+    ),
     database_url: str | None = typer.Option(
         None, "--database-url", help="overrides MOEPROXY_DATABASE_URL (default: a SQLite file in the user data dir)"
     ),
     demo: bool = typer.Option(False, "--demo", help="once ready, post two synthetic demo runs through the REST API"),
     upgrade: bool = typer.Option(True, "--upgrade/--no-upgrade", help="apply database migrations before starting"),
-    log_level: str = typer.Option("info", help="uvicorn log level"),
+    log_level: str = typer.Option("info", envvar="MOEPROXY_LOG_LEVEL", help="uvicorn log level"),
 ) -> None:
     """Run the REST API, OpenAPI docs (/docs) and triage pages."""
     import uvicorn
