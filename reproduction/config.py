@@ -11,7 +11,7 @@ variant of ``lr_misconfiguration`` has something to remove.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from moeproxy.reproduction.algos import KL_ESTIMATORS, LOSS_AGG_MODES
@@ -62,7 +62,6 @@ class EngineConfig:
     # execution
     experts_implementation: str | None = None  # transformers' "eager" / "grouped_mm"; None = model default
     threads: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:

@@ -372,17 +372,18 @@ class RouterLogitNoise(FaultInjector):
 
 @register("routing_mismatch", "tie_breaking")
 class RouterTieBreaking(FaultInjector):
-    """A different kernel on one side: router logits rounded to a grid of ``magnitude`` (a coarse
-    precision) and near-ties broken toward the higher expert index, where the trainer's topk
-    keeps the exact order."""
+    """A different kernel on one side: router logits rounded to a grid of ``magnitude`` × the
+    token's logit std (a coarse precision) and the resulting ties broken toward the higher expert
+    index, where the trainer's top-k keeps the exact order."""
 
-    defaults = {"magnitude": 0.05, "side": "rollout"}
+    defaults = {"magnitude": 0.25, "side": "rollout"}
     where = "router logits before top-k, one side"
 
     def router_logits(self, step, side, layer, logits):
         if side != self.p("side") or not self.active(step):
             return logits
-        delta = float(self.p("magnitude"))
+        # grid relative to each token's logit spread, so one magnitude means the same on any model
+        delta = float(self.p("magnitude")) * logits.detach().float().std(dim=-1, keepdim=True).clamp_min(1e-6)
         e = logits.shape[-1]
         bias = torch.arange(e, device=logits.device, dtype=torch.float32) * (delta * 1e-3 / e)
         return (torch.round(logits.float() / delta) * delta + bias).to(logits.dtype)
