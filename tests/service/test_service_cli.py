@@ -140,3 +140,34 @@ def test_serve_demo_posts_synthetic_runs_through_the_api(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+@pytest.mark.slow
+def test_migrations_run_from_a_built_wheel(tmp_path):
+    """script_location is the installed package folder, so `db upgrade` works from a wheel too."""
+    import zipfile
+
+    from moeproxy.migrations import head_revision
+
+    root = Path(__file__).resolve().parents[2]
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "w"), str(root)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next((tmp_path / "w").glob("moeproxy-*.whl"))
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    assert (site / "moeproxy" / "migrations" / "script.py.mako").exists()
+    db = tmp_path / "wheel.db"
+    code = (
+        "import moeproxy.migrations as m; "
+        f"assert m.__file__.startswith({str(site)!r}), m.__file__; "
+        f"m.upgrade('sqlite:///{db}'); print(m.current_revision('sqlite:///{db}'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True,
+        timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == head_revision()
