@@ -19,7 +19,9 @@ _TS = sa.DateTime(timezone=True)
 
 
 def _run_fk(table: str) -> sa.ForeignKeyConstraint:
-    return sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=f"fk_{table}_run_id_runs", ondelete="CASCADE")
+    return sa.ForeignKeyConstraint(
+        ["run_id"], ["runs.id"], name=f"fk_{table}_run_id_runs", ondelete="CASCADE"
+    )
 
 
 def upgrade() -> None:
@@ -74,7 +76,11 @@ def upgrade() -> None:
         _run_fk("alert_outbox"),
         sa.PrimaryKeyConstraint("id", name="pk_alert_outbox"),
         sa.UniqueConstraint(
-            "run_id", "fault_class", "level", "channel", name="uq_alert_outbox_run_id_fault_class_level_channel"
+            "run_id",
+            "fault_class",
+            "level",
+            "channel",
+            name="uq_alert_outbox_run_id_fault_class_level_channel",
         ),
     )
     op.create_index("ix_alert_outbox_status_next_attempt_at", "alert_outbox", ["status", "next_attempt_at"])
@@ -89,7 +95,10 @@ def upgrade() -> None:
         sa.Column("created_at", _TS, nullable=False),
         sa.Column("updated_at", _TS, nullable=False),
         sa.ForeignKeyConstraint(
-            ["project_id"], ["projects.id"], name="fk_mlflow_experiments_project_id_projects", ondelete="CASCADE"
+            ["project_id"],
+            ["projects.id"],
+            name="fk_mlflow_experiments_project_id_projects",
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name="pk_mlflow_experiments"),
         sa.UniqueConstraint("project_id", "name", name="uq_mlflow_experiments_project_id_name"),

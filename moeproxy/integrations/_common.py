@@ -45,4 +45,3 @@ def numeric_metrics(data: Mapping[str, Any]) -> dict[str, Any]:
         if callable(item) and getattr(value, "ndim", 1) == 0:
             out[key] = value
     return out
-

@@ -63,9 +63,23 @@ class MoeproxyCallback(TrainerCallback):
         config: dict[str, Any] = {}
         if args is not None and hasattr(args, "to_dict"):
             # TrainingArguments: the hyper-parameters that matter when a fault is an lr/KL mistake.
-            wanted = ("learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "max_grad_norm",
-                      "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "seed",
-                      "beta", "epsilon", "num_generations", "loss_type", "max_steps")
+            wanted = (
+                "learning_rate",
+                "lr_scheduler_type",
+                "warmup_steps",
+                "warmup_ratio",
+                "max_grad_norm",
+                "per_device_train_batch_size",
+                "gradient_accumulation_steps",
+                "bf16",
+                "fp16",
+                "seed",
+                "beta",
+                "epsilon",
+                "num_generations",
+                "loss_type",
+                "max_steps",
+            )
             args_dict = args.to_dict()
             config["training_args"] = {k: args_dict[k] for k in wanted if k in args_dict}
         model_config = getattr(model, "config", None)

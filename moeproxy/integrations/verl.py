@@ -16,11 +16,14 @@ and W&B backends); the token decides the moeproxy project and ``project_name`` b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from moeproxy.client import MetricsClient
 from moeproxy.integrations._common import numeric_metrics, resolve_endpoint
+
+log = logging.getLogger(__name__)
 
 
 def _plain(config: Any) -> dict[str, Any]:
@@ -76,5 +79,5 @@ class MoeproxyTracking:
         if client is not None and not getattr(client, "_closed", True):
             try:
                 client.close()
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001 - interpreter shutdown: nothing left to report to
+                log.debug("closing the moeproxy client at exit failed: %s", exc)

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
-from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler, RateLimitErrorRetryHandler
-from slack_sdk.webhook import WebhookClient
-
 from moeproxy.service.alerts.errors import UnknownChannel
 from moeproxy.service.alerts.messages import AlertMessage, slack_blocks, webhook_json
+from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler, RateLimitErrorRetryHandler
+from slack_sdk.webhook import WebhookClient
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ class SlackChannel:
     def send(self, message: AlertMessage) -> DeliveryResult:
         try:
             response = self.client.send_dict(slack_blocks(message))
-        except Exception as exc:  # connection refused/reset after the in-place retries: transient
+        except Exception as exc:  # noqa: BLE001 - urllib raises many types; after the in-place retries all are transient
             return DeliveryResult(ok=False, detail=f"{type(exc).__name__}: {exc}")
         return classify(response.status_code, response.headers, response.body or "")
 

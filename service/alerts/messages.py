@@ -79,7 +79,9 @@ def slack_blocks(msg: AlertMessage) -> dict[str, Any]:
         f"{i}. *{_escape(t.fault_class)}* — {t.score:.2f} ({t.strength}, {_escape(t.family)})"
         for i, t in enumerate(msg.top[:TOP_CLASSES], start=1)
     )
-    evidence = "\n".join(f"• {_escape(line)}" for line in msg.evidence[:EVIDENCE_LINES]) or "_no evidence lines_"
+    evidence = (
+        "\n".join(f"• {_escape(line)}" for line in msg.evidence[:EVIDENCE_LINES]) or "_no evidence lines_"
+    )
     blocks: list[dict[str, Any]] = [
         {
             "type": "header",
@@ -94,8 +96,14 @@ def slack_blocks(msg: AlertMessage) -> dict[str, Any]:
                 {"type": "mrkdwn", "text": f"*Family*\n{_escape(msg.family)}"},
             ],
         },
-        {"type": "section", "text": {"type": "mrkdwn", "text": _clip(f"*Top classes*\n{ranking}", _SECTION_MAX)}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": _clip(f"*Evidence*\n{evidence}", _SECTION_MAX)}},
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": _clip(f"*Top classes*\n{ranking}", _SECTION_MAX)},
+        },
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": _clip(f"*Evidence*\n{evidence}", _SECTION_MAX)},
+        },
         {
             "type": "actions",
             "elements": [

@@ -6,10 +6,9 @@ import enum
 from datetime import datetime
 from typing import Any
 
+from moeproxy.service.db import Base, utcnow
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
-
-from moeproxy.service.db import Base, utcnow
 
 
 class OutboxStatus(enum.StrEnum):

@@ -18,16 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from moeproxy.service.alerts.channels import Channel, DeliveryResult, make_channel
 from moeproxy.service.alerts.messages import AlertMessage, RankedClass
 from moeproxy.service.alerts.models import AlertOutbox, OutboxStatus
 from moeproxy.service.alerts.policy import due_alerts
 from moeproxy.service.db import Database, utcnow
 from moeproxy.service.triage.schemas import TriageResponse
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,12 @@ def enqueue_due(
     for channel in channels:
         for due in due_alerts(triage.candidates, alerted_levels(session, triage.run_id, channel)):
             message = build_message(
-                triage, rank=due.rank, level=due.level, run_name=run_name, project=project, public_url=public_url
+                triage,
+                rank=due.rank,
+                level=due.level,
+                run_name=run_name,
+                project=project,
+                public_url=public_url,
             )
             row = AlertOutbox(
                 run_id=triage.run_id,
@@ -158,7 +162,9 @@ def record_result(
     row.last_error = result.detail
     if result.permanent or row.attempts >= policy.max_attempts:
         row.status = OutboxStatus.dead.value
-        log.error("alert %s to %s given up after %d attempts: %s", row.id, row.channel, row.attempts, result.detail)
+        log.error(
+            "alert %s to %s given up after %d attempts: %s", row.id, row.channel, row.attempts, result.detail
+        )
         return row
     wait_s = result.retry_after_s if result.retry_after_s is not None else policy.backoff_s(row.attempts, rng)
     row.status = OutboxStatus.pending.value
@@ -193,11 +199,16 @@ def deliver_due(
 ) -> int:
     """Send every row due now, once; returns how many were attempted."""
     with db.scope() as session:
-        rows = [(r.id, r.channel, r.payload) for r in claim_due(session, now=now(), limit=limit, lease_s=policy.lease_s)]
+        rows = [
+            (r.id, r.channel, r.payload)
+            for r in claim_due(session, now=now(), limit=limit, lease_s=policy.lease_s)
+        ]
     for row_id, channel_name, payload in rows:
         channel = resolve(channel_name)
         if channel is None:
-            result = DeliveryResult(ok=False, permanent=True, detail=f"channel {channel_name!r} is not configured")
+            result = DeliveryResult(
+                ok=False, permanent=True, detail=f"channel {channel_name!r} is not configured"
+            )
         else:
             result = channel.send(AlertMessage.from_json(payload))
         with db.scope() as session:
@@ -210,7 +221,9 @@ def next_due_in_s(db: Database, *, now: datetime | None = None) -> float | None:
     now = now or utcnow()
     with db.scope() as session:
         first = session.scalar(
-            select(func.min(AlertOutbox.next_attempt_at)).where(AlertOutbox.status == OutboxStatus.pending.value)
+            select(func.min(AlertOutbox.next_attempt_at)).where(
+                AlertOutbox.status == OutboxStatus.pending.value
+            )
         )
         lease = session.scalar(
             select(func.min(AlertOutbox.lease_until)).where(AlertOutbox.status == OutboxStatus.sending.value)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
-
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, UniqueConstraint
-from sqlalchemy.orm import Mapped, mapped_column
 
 from moeproxy.service.db import Base, utcnow
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
 
 
 class MlflowExperiment(Base):
@@ -30,7 +28,9 @@ class MlflowRun(Base):
 
     run_uuid: Mapped[str] = mapped_column(String(32), primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    experiment_id: Mapped[int] = mapped_column(ForeignKey("mlflow_experiments.id", ondelete="CASCADE"), index=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("mlflow_experiments.id", ondelete="CASCADE"), index=True
+    )
     run_name: Mapped[str] = mapped_column(String(256))
     user_id: Mapped[str] = mapped_column(String(256), default="")
     status: Mapped[str] = mapped_column(String(16), default="RUNNING")

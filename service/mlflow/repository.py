@@ -8,10 +8,6 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from moeproxy.service.metrics import repository as metrics
 from moeproxy.service.metrics.codec import NONFINITE_STRINGS, ParsedBatch, encode_value
 from moeproxy.service.metrics.models import MetricName, MetricPoint
@@ -21,6 +17,9 @@ from moeproxy.service.mlflow.schemas import CreateExperiment, CreateRun, KeyValu
 from moeproxy.service.runs import repository as runs
 from moeproxy.service.runs.models import Run, RunStatus
 from moeproxy.service.runs.schemas import RunCreate
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 DEFAULT_EXPERIMENT_ID = "0"  # what the MLflow client uses when no experiment was set
 DEFAULT_EXPERIMENT_NAME = "Default"
@@ -65,7 +64,9 @@ def experiment_json(experiment: MlflowExperiment) -> dict[str, Any]:
 
 def get_experiment_by_name(session: Session, project_id: int, name: str) -> MlflowExperiment | None:
     return session.scalar(
-        select(MlflowExperiment).where(MlflowExperiment.project_id == project_id, MlflowExperiment.name == name)
+        select(MlflowExperiment).where(
+            MlflowExperiment.project_id == project_id, MlflowExperiment.name == name
+        )
     )
 
 
@@ -120,7 +121,9 @@ def create_experiment(session: Session, project_id: int, spec: CreateExperiment)
 def list_experiments(session: Session, project_id: int) -> list[MlflowExperiment]:
     return list(
         session.scalars(
-            select(MlflowExperiment).where(MlflowExperiment.project_id == project_id).order_by(MlflowExperiment.id)
+            select(MlflowExperiment)
+            .where(MlflowExperiment.project_id == project_id)
+            .order_by(MlflowExperiment.id)
         )
     )
 
@@ -176,7 +179,9 @@ def get_run(session: Session, project_id: int, run_uuid: str) -> tuple[MlflowRun
 
 def _check_active(mrun: MlflowRun) -> None:
     if mrun.lifecycle_stage != "active":
-        raise invalid(f"The run {mrun.run_uuid} must be in the 'active' state. Current state is {mrun.lifecycle_stage}.")
+        raise invalid(
+            f"The run {mrun.run_uuid} must be in the 'active' state. Current state is {mrun.lifecycle_stage}."
+        )
 
 
 def update_run(session: Session, mrun: MlflowRun, run: Run, spec: UpdateRun) -> MlflowRun:
@@ -281,7 +286,12 @@ def latest_metrics(session: Session, run_id: int) -> list[dict[str, Any]]:
         .order_by(MetricName.name)
     )
     return [
-        {"key": name, "value": encode_value(value) if value is None else _json_value(value), "timestamp": 0, "step": step}
+        {
+            "key": name,
+            "value": encode_value(value) if value is None else _json_value(value),
+            "timestamp": 0,
+            "step": step,
+        }
         for name, step, value in rows
     ]
 

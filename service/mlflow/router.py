@@ -16,7 +16,6 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-
 from moeproxy.service.auth import ProjectDep, SessionDep
 from moeproxy.service.errors import ServiceError
 from moeproxy.service.mlflow import repository as repo
@@ -52,7 +51,9 @@ class MlflowRoute(APIRoute):
                 message = "; ".join(
                     f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors()
                 )
-                return JSONResponse({"error_code": "INVALID_PARAMETER_VALUE", "message": message}, status_code=400)
+                return JSONResponse(
+                    {"error_code": "INVALID_PARAMETER_VALUE", "message": message}, status_code=400
+                )
 
         return mlflow_handler
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from moeproxy.service.triage.errors import LibraryUnavailable
 from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse
 from moeproxy.signatures.vocabulary import MetricAlias

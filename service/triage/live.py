@@ -15,11 +15,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 from fastapi import FastAPI
-from sqlalchemy import Connection
-
 from moeproxy.service import events
 from moeproxy.service.alerts.channels import channel_urls
 from moeproxy.service.alerts.outbox import OutboxWorker, resolver_from_urls
@@ -27,7 +26,8 @@ from moeproxy.service.db import Database, utcnow
 from moeproxy.service.runs.models import Run
 from moeproxy.service.triage import repository
 from moeproxy.service.triage.engine import SignatureEngine
-from moeproxy.service.triage.service import evaluate_run
+from moeproxy.service.triage.service import compute, load_input, save
+from sqlalchemy import Connection
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class LiveTriage:
         self._due: dict[int, float] = {}  # run id -> monotonic time it may be evaluated
         self._last: dict[int, float] = {}  # run id -> monotonic time of its last evaluation start
         self._busy: set[int] = set()
+        self._stored_at: dict[int, datetime] = {}  # run id -> evaluated_at of our own last evaluation
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -100,7 +101,11 @@ class LiveTriage:
         with self._cond:
             while not self._stop:
                 now = self.clock()
-                ready = [(due, run_id) for run_id, due in self._due.items() if due <= now and run_id not in self._busy]
+                ready = [
+                    (due, run_id)
+                    for run_id, due in self._due.items()
+                    if due <= now and run_id not in self._busy
+                ]
                 if ready:
                     _due, run_id = min(ready)
                     del self._due[run_id]
@@ -125,10 +130,14 @@ class LiveTriage:
                     self._cond.notify_all()
 
     def evaluate(self, run_id: int) -> bool:
-        """Evaluate one run now; False when skipped (evaluated elsewhere within the interval, or gone)."""
+        """Evaluate one run now; False when skipped (evaluated elsewhere within the interval, or gone).
+
+        No transaction is held while the engine computes (see service.py).
+        """
         with self.database.scope() as session:
             stored = repository.latest_evaluated_at(session, run_id)
-            if stored is not None and self.interval_s > 0:
+            ours = self._stored_at.get(run_id)
+            if stored is not None and self.interval_s > 0 and (ours is None or stored > ours):
                 age_s = (utcnow() - stored).total_seconds()
                 if 0 <= age_s < self.interval_s:  # another worker evaluated it just now
                     with self._cond:
@@ -137,7 +146,13 @@ class LiveTriage:
             run = session.get(Run, run_id)
             if run is None:
                 return False
-            _result, alerts = evaluate_run(session, run, self.engine, self.settings)
+            data = load_input(session, run)
+        result = compute(self.engine, data)
+        with self.database.scope() as session:
+            if session.get(Run, run_id) is None:  # deleted while we computed
+                return False
+            alerts = save(session, result, data, self.settings)
+        self._stored_at[run_id] = result.evaluated_at
         if alerts and self.on_alerts is not None:
             self.on_alerts()
         return True

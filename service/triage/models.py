@@ -12,10 +12,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from moeproxy.service.db import Base, utcnow
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
-
-from moeproxy.service.db import Base, utcnow
 
 
 class TriageEvaluation(Base):

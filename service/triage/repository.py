@@ -6,11 +6,10 @@ import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
 from moeproxy.service.triage.models import TriageClassHistory, TriageEvaluation
 from moeproxy.service.triage.schemas import ClassHistory, TriageCandidate, TriageResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 OUTCOME_TOP_K = 3  # ranking changes below the top three do not make a new history entry
 
@@ -27,12 +26,17 @@ def outcome_key(verdict: str, candidates: Sequence[TriageCandidate]) -> str:
 
 def latest(session: Session, run_id: int) -> TriageEvaluation | None:
     return session.scalar(
-        select(TriageEvaluation).where(TriageEvaluation.run_id == run_id).order_by(TriageEvaluation.id.desc()).limit(1)
+        select(TriageEvaluation)
+        .where(TriageEvaluation.run_id == run_id)
+        .order_by(TriageEvaluation.id.desc())
+        .limit(1)
     )
 
 
 def latest_evaluated_at(session: Session, run_id: int) -> datetime | None:
-    value = session.scalar(select(func.max(TriageEvaluation.evaluated_at)).where(TriageEvaluation.run_id == run_id))
+    value = session.scalar(
+        select(func.max(TriageEvaluation.evaluated_at)).where(TriageEvaluation.run_id == run_id)
+    )
     return None if value is None else as_utc(value)
 
 
@@ -98,7 +102,9 @@ def history(session: Session, run_id: int) -> list[ClassHistory]:
         )
         for h in rows
     ]
-    return sorted(out, key=lambda h: (h.first_likely_at is None, h.first_likely_at or datetime.min.replace(tzinfo=UTC)))
+    return sorted(
+        out, key=lambda h: (h.first_likely_at is None, h.first_likely_at or datetime.min.replace(tzinfo=UTC))
+    )
 
 
 def to_response(session: Session, row: TriageEvaluation, *, with_history: bool = True) -> TriageResponse:

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel
-
 from moeproxy.service.auth import ProjectDep, SessionDep
 from moeproxy.service.runs import repository as runs
 from moeproxy.service.triage import repository
 from moeproxy.service.triage.live import get_engine
 from moeproxy.service.triage.schemas import TriageResponse
 from moeproxy.service.triage.service import evaluate_run
+from pydantic import BaseModel
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}/triage", tags=["triage"])
 
@@ -27,7 +26,9 @@ def get_triage(
     request: Request,
     project: ProjectDep,
     session: SessionDep,
-    details: Annotated[bool, Query(description="add change points, expected shapes and per-metric scores")] = False,
+    details: Annotated[
+        bool, Query(description="add change points, expected shapes and per-metric scores")
+    ] = False,
 ) -> TriageResponse:
     """The latest evaluation: candidates ranked (``healthy`` is a class), strength, evidence, verdict.
 

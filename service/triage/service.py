@@ -1,16 +1,19 @@
-"""One evaluation of one run: read its metrics, run the engine, store the outcome, enqueue alerts."""
+"""One evaluation of one run: read its metrics, run the engine, store the outcome, enqueue alerts.
+
+The three steps are separate so that live triage holds no transaction while the engine computes
+(on SQLite every transaction takes the write lock: ingestion would wait for the evaluation).
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from moeproxy.service.aliases import repository as aliases
+import numpy as np
 from moeproxy.service.alerts.channels import channel_urls
 from moeproxy.service.alerts.outbox import enqueue_due
+from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.db import utcnow
 from moeproxy.service.metrics import repository as metrics
 from moeproxy.service.runs.models import Run
@@ -18,37 +21,71 @@ from moeproxy.service.tokens.models import Project
 from moeproxy.service.triage import repository
 from moeproxy.service.triage.engine import SignatureEngine
 from moeproxy.service.triage.schemas import TriageResponse
+from moeproxy.signatures.vocabulary import MetricAlias
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
 NO_METRICS_VERDICT = "no metrics yet"
 
 
-def evaluate_run(session: Session, run: Run, engine: SignatureEngine, settings: Any) -> tuple[TriageResponse, int]:
-    """Evaluate and store; returns the result and the number of alerts enqueued.
+@dataclass(frozen=True)
+class EvaluationInput:
+    run_id: int
+    run_name: str
+    project: str
+    framework: str | None
+    series: dict[str, tuple[np.ndarray, np.ndarray]]
+    aliases: list[MetricAlias]
 
-    A run without metrics is answered (``candidates`` empty) but not stored.
-    """
-    series = metrics.read_metric_arrays(session, run.id)
-    now = utcnow()
-    if not series:
-        return TriageResponse(run_id=run.id, evaluated_at=now, candidates=[], verdict=NO_METRICS_VERDICT), 0
-    result = engine.evaluate(
-        series,
+
+def load_input(session: Session, run: Run) -> EvaluationInput:
+    return EvaluationInput(
         run_id=run.id,
+        run_name=run.name,
+        project=session.scalar(select(Project.name).where(Project.id == run.project_id)) or "",
         framework=run.framework,
+        series=metrics.read_metric_arrays(session, run.id),
         aliases=aliases.effective_aliases(session, run.project_id, run.framework),
-        now=now,
     )
+
+
+def compute(engine: SignatureEngine, data: EvaluationInput) -> TriageResponse:
+    """The evaluation itself (no database); a run without metrics gets an empty ranking."""
+    now = utcnow()
+    if not data.series:
+        return TriageResponse(run_id=data.run_id, evaluated_at=now, candidates=[], verdict=NO_METRICS_VERDICT)
+    return engine.evaluate(
+        data.series, run_id=data.run_id, framework=data.framework, aliases=data.aliases, now=now
+    )
+
+
+def save(session: Session, result: TriageResponse, data: EvaluationInput, settings: Any) -> int:
+    """Store the outcome (not for a run without metrics) and enqueue due alerts; returns alerts added."""
+    if not result.candidates:
+        return 0
     repository.store(session, result)
+    result.history = repository.history(session, result.run_id)
     channels = list(channel_urls(settings))
-    added = 0
-    if channels:
-        project = session.scalar(select(Project.name).where(Project.id == run.project_id))
-        added = len(
-            enqueue_due(
-                session, result, run_name=run.name, project=project, channels=channels, public_url=settings.public_url
-            )
+    if not channels:
+        return 0
+    return len(
+        enqueue_due(
+            session,
+            result,
+            run_name=data.run_name,
+            project=data.project,
+            channels=channels,
+            public_url=settings.public_url,
         )
-    result.history = repository.history(session, run.id)
-    return result, added
+    )
+
+
+def evaluate_run(
+    session: Session, run: Run, engine: SignatureEngine, settings: Any
+) -> tuple[TriageResponse, int]:
+    """All three steps in the caller's unit of work (on-demand evaluation on a request)."""
+    data = load_input(session, run)
+    result = compute(engine, data)
+    return result, save(session, result, data, settings)

@@ -33,7 +33,9 @@ CORE_CANONICAL = (
 KEY_METRICS = 6
 
 
-def decimate(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+def decimate(
+    steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS
+) -> tuple[np.ndarray, np.ndarray]:
     """At most ``max_points`` finite points: the min and the max of each bucket, in step order."""
     finite = np.isfinite(values)
     steps, values = steps[finite], values[finite]
@@ -100,14 +102,25 @@ def metric_figure(
     fig = MetricFigure(name=name, canonical=canonical)
     xs, ys = decimate(steps, values, max_points)
     fig.traces.append(
-        {"type": "scattergl" if xs.size > 2000 else "scatter", "mode": "lines", "name": "run",
-         "x": xs.tolist(), "y": ys.tolist(), "line": {"width": 1.5, "color": "#1f5fa8"}}
+        {
+            "type": "scattergl" if xs.size > 2000 else "scatter",
+            "mode": "lines",
+            "name": "run",
+            "x": xs.tolist(),
+            "y": ys.tolist(),
+            "line": {"width": 1.5, "color": "#1f5fa8"},
+        }
     )
     for i, (fault_class, shape) in enumerate((expected or {}).items()):
         fig.traces.append(
-            {"type": "scatter", "mode": "lines", "name": f"expected: {fault_class}",
-             "x": list(shape["steps"]), "y": list(shape["values"]),
-             "line": {"dash": "dash" if i == 0 else "dot", "width": 2, "color": _OVERLAY_COLOURS[i % 3]}}
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": f"expected: {fault_class}",
+                "x": list(shape["steps"]),
+                "y": list(shape["values"]),
+                "line": {"dash": "dash" if i == 0 else "dot", "width": 2, "color": _OVERLAY_COLOURS[i % 3]},
+            }
         )
     for kind, at in nonfinite_points(steps, values).items():
         if not at:
@@ -115,9 +128,16 @@ def metric_figure(
         fig.nonfinite[kind] = len(at)
         shown = at[:MAX_NONFINITE_MARKERS]
         fig.traces.append(
-            {"type": "scatter", "mode": "markers", "name": f"{kind} ({len(at)})", "x": shown,
-             "y": [_EDGE_Y[kind]] * len(shown), "yaxis": "y2", "hovertemplate": f"step %{{x}}: {kind}<extra></extra>",
-             "marker": {"symbol": _EDGE_SYMBOL[kind], "size": 7, "color": "#c0392b"}}
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": f"{kind} ({len(at)})",
+                "x": shown,
+                "y": [_EDGE_Y[kind]] * len(shown),
+                "yaxis": "y2",
+                "hovertemplate": f"step %{{x}}: {kind}<extra></extra>",
+                "marker": {"symbol": _EDGE_SYMBOL[kind], "size": 7, "color": "#c0392b"},
+            }
         )
     if change_point is not None:
         fig.change_points.append(int(change_point))

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
 from moeproxy.service.runs.models import Run
 from moeproxy.service.tokens.models import Project
 from moeproxy.service.triage.models import TriageEvaluation
 from moeproxy.service.triage.repository import as_utc
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 
 @dataclass(frozen=True, slots=True)

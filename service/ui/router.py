@@ -13,7 +13,6 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
-
 from moeproxy.reproduction.catalogue import FAMILIES, FAULT_CLASSES
 from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.auth import SessionDep
@@ -30,7 +29,10 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 
 # Static files by name: the app's own, and plotly.js from the installed plotly package (no CDN).
 STATIC_FILES: dict[str, tuple[Path, str]] = {
-    "plotly.min.js": (Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js", "text/javascript"),
+    "plotly.min.js": (
+        Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js",
+        "text/javascript",
+    ),
     "ui.js": (HERE / "static" / "ui.js", "text/javascript"),
     "ui.css": (HERE / "static" / "ui.css", "text/css"),
 }
@@ -61,8 +63,12 @@ def _gate(request: Request) -> Response | None:
 
 def _set_cookie(response: Response, request: Request, expected: str) -> None:
     response.set_cookie(
-        auth.COOKIE, auth.cookie_value(expected), max_age=auth.COOKIE_MAX_AGE_S, httponly=True,
-        samesite="lax", secure=request.url.scheme == "https",
+        auth.COOKIE,
+        auth.cookie_value(expected),
+        max_age=auth.COOKIE_MAX_AGE_S,
+        httponly=True,
+        samesite="lax",
+        secure=request.url.scheme == "https",
     )
 
 
@@ -96,7 +102,9 @@ def static(name: str) -> Response:
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request, next: str = "/", error: str | None = None) -> Response:
     return templates.TemplateResponse(
-        request, "login.html", {"next": auth.safe_next(next), "error": error, "gated": auth.ui_token(request) is not None}
+        request,
+        "login.html",
+        {"next": auth.safe_next(next), "error": error, "gated": auth.ui_token(request) is not None},
     )
 
 
@@ -135,7 +143,12 @@ def runs_page(
     if (redirect := _gate(request)) is not None:
         return redirect
     listing = queries.list_runs(
-        session, project=project or None, status=status or None, verdict=verdict or None, page=page, per_page=per_page
+        session,
+        project=project or None,
+        status=status or None,
+        verdict=verdict or None,
+        page=page,
+        per_page=per_page,
     )
     return templates.TemplateResponse(
         request,
@@ -189,7 +202,11 @@ def _figures(session, run, result) -> tuple[list[plots.MetricFigure], list[plots
         expected = {cls: shapes[name] for cls, shapes in overlays.items() if name in shapes}
         figures.append(
             plots.metric_figure(
-                name, steps, values, canonical=canonical_of.get(name, name), expected=expected,
+                name,
+                steps,
+                values,
+                canonical=canonical_of.get(name, name),
+                expected=expected,
                 change_point=change_points.get(name),
             )
         )
@@ -271,7 +288,7 @@ def faults_page(request: Request) -> Response:
 
 
 def _score_pct(score: float) -> int:
-    return int(round(100 * score)) if math.isfinite(score) else 0
+    return round(100 * score) if math.isfinite(score) else 0
 
 
 templates.env.filters["pct"] = _score_pct

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from http_receiver import Receiver
 
 
@@ -14,8 +13,9 @@ def receiver():
 
 @pytest.fixture
 def alerts_db(tmp_path):
-    from moeproxy import migrations
     from moeproxy.service.db import Database
+
+    from moeproxy import migrations
 
     url = f"sqlite:///{tmp_path / 'alerts.db'}"
     migrations.upgrade(url)

@@ -32,11 +32,13 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
+            def do_POST(self):
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with receiver._lock:
                     status, headers = receiver.script.pop(0) if receiver.script else (200, {})
-                    receiver.seen.append(Seen(time.monotonic(), self.path, json.loads(raw or b"null"), status))
+                    receiver.seen.append(
+                        Seen(time.monotonic(), self.path, json.loads(raw or b"null"), status)
+                    )
                 body = b"ok" if status == 200 else f"error {status}".encode()
                 self.send_response(status)
                 for key, value in headers.items():

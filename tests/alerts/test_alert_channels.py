@@ -9,7 +9,7 @@ from moeproxy.service.alerts.messages import AlertMessage, RankedClass, slack_bl
 
 
 def make_message(**overrides) -> AlertMessage:
-    base = dict(
+    base = dict(  # noqa: C408 - keyword form reads like the dataclass
         run_id=7,
         run_name="qwen3-grpo-<7>",
         project="rl-team",
@@ -47,7 +47,9 @@ def test_block_kit_message_has_run_link_top_classes_and_first_evidence_lines():
     assert "<http://moeproxy.example/runs/7|qwen3-grpo-&lt;7&gt;>" in fields  # mrkdwn escaped
     assert "0.91" in fields
     ranking = payload["blocks"][2]["text"]["text"]
-    assert ranking.index("rollout_logp_precision") < ranking.index("routing_mismatch") < ranking.index("healthy")
+    assert (
+        ranking.index("rollout_logp_precision") < ranking.index("routing_mismatch") < ranking.index("healthy")
+    )
     evidence = payload["blocks"][3]["text"]["text"]
     assert "jumped x12 at step 41" in evidence and "clip fraction" in evidence
     assert "fourth line" not in evidence
@@ -101,7 +103,10 @@ def test_refused_connection_is_transient():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for channel in (SlackChannel(f"http://127.0.0.1:{port}/hook"), JsonWebhookChannel(f"http://127.0.0.1:{port}/x")):
+    for channel in (
+        SlackChannel(f"http://127.0.0.1:{port}/hook"),
+        JsonWebhookChannel(f"http://127.0.0.1:{port}/x"),
+    ):
         result = channel.send(make_message())
         assert not result.ok and not result.permanent and result.status_code is None
 

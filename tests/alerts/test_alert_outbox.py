@@ -6,8 +6,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
-
 from moeproxy.service.alerts.models import AlertOutbox, OutboxStatus
 from moeproxy.service.alerts.outbox import (
     OutboxWorker,
@@ -21,6 +19,7 @@ from moeproxy.service.db import utcnow
 from moeproxy.service.runs.models import Run
 from moeproxy.service.tokens.models import Project
 from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse
+from sqlalchemy import select
 
 FAST = RetryPolicy(base_s=0.01, max_backoff_s=0.05)
 
@@ -44,7 +43,9 @@ def triage(run_id: int, *ranked: tuple[str, float, str]) -> TriageResponse:
         last_step=50,
         verdict=ranked[0][0],
         candidates=[
-            TriageCandidate(fault_class=c, family="x", score=score, strength=strength, evidence=[f"{c} evidence"])
+            TriageCandidate(
+                fault_class=c, family="x", score=score, strength=strength, evidence=[f"{c} evidence"]
+            )
             for c, score, strength in ranked
         ],
     )
@@ -52,7 +53,11 @@ def triage(run_id: int, *ranked: tuple[str, float, str]) -> TriageResponse:
 
 def enqueue(db, t: TriageResponse, channels=("slack",)):
     with db.scope() as s:
-        return len(enqueue_due(s, t, run_name="qwen3-grpo", project="rl-team", channels=channels, public_url="http://ui"))
+        return len(
+            enqueue_due(
+                s, t, run_name="qwen3-grpo", project="rl-team", channels=channels, public_url="http://ui"
+            )
+        )
 
 
 def rows(db):
@@ -97,7 +102,11 @@ def test_alert_delivered_once_through_429_and_500(alerts_db, run_id, receiver):
     assert enqueue(alerts_db, top) == 0
     assert enqueue(alerts_db, strong) == 0
     drive(alerts_db, resolve, until=lambda: len(receiver.accepted) == 2)
-    assert receiver.accepted[1].body["text"].startswith("rollout_logp_precision (0.90, strong) is now the most likely")
+    assert (
+        receiver.accepted[1]
+        .body["text"]
+        .startswith("rollout_logp_precision (0.90, strong) is now the most likely")
+    )
 
 
 def test_long_retry_after_is_honoured_by_the_schedule(alerts_db, run_id, receiver):
@@ -141,7 +150,9 @@ def test_expired_lease_is_picked_up_again(alerts_db, run_id, receiver):
 
 def test_worker_thread_delivers_after_wake(alerts_db, run_id, receiver):
     receiver.script = [(500, {})]
-    worker = OutboxWorker(alerts_db, resolver_from_urls({"slack": receiver.url}), policy=FAST, idle_poll_s=5).start()
+    worker = OutboxWorker(
+        alerts_db, resolver_from_urls({"slack": receiver.url}), policy=FAST, idle_poll_s=5
+    ).start()
     try:
         enqueue(alerts_db, triage(run_id, ("lr_misconfiguration", 0.99, "strong")))
         worker.wake()

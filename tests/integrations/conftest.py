@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from live_server import start_live_server
 
 

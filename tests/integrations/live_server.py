@@ -8,12 +8,12 @@ import time
 from dataclasses import dataclass
 
 import uvicorn
-
-from moeproxy import migrations
-from moeproxy.config import Settings
 from moeproxy.service.app import create_app
 from moeproxy.service.db import Database
 from moeproxy.service.tokens import repository as tokens
+
+from moeproxy import migrations
+from moeproxy.config import Settings
 
 
 def free_port() -> int:
@@ -44,7 +44,9 @@ def start_live_server(tmp_path, *, project: str = "rl-team", **settings) -> Live
         _row, token = tokens.create_token(session, project)
     app = create_app(Settings(database_url=url, **settings), database=database)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

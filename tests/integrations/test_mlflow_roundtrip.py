@@ -25,7 +25,9 @@ def tracking(live_server, monkeypatch):
 
 
 def api(server, path, **params):
-    response = httpx.get(f"{server.url}{path}", params=params, headers={"Authorization": f"Bearer {server.token}"})
+    response = httpx.get(
+        f"{server.url}{path}", params=params, headers={"Authorization": f"Bearer {server.token}"}
+    )
     response.raise_for_status()
     return response.json()
 

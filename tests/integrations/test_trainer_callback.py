@@ -28,14 +28,27 @@ def test_trainer_logs_reach_the_service(live_server, tmp_path):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=16,
     )
     model = transformers.LlamaForCausalLM(config)
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), run_name="tiny-llama-sft", max_steps=3, logging_steps=1,
-        per_device_train_batch_size=4, learning_rate=1e-3, report_to=[], save_strategy="no",
-        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+        output_dir=str(tmp_path / "out"),
+        run_name="tiny-llama-sft",
+        max_steps=3,
+        logging_steps=1,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
     )
     callback = MoeproxyCallback(live_server.url, live_server.token, flush_interval_s=0.1)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=TinyDataset(), callbacks=[callback])
@@ -45,11 +58,15 @@ def test_trainer_logs_reach_the_service(live_server, tmp_path):
     (run,) = httpx.get(f"{live_server.url}/api/v1/runs", headers=headers).json()["runs"]
     assert run["name"] == "tiny-llama-sft" and run["framework"] == "trl" and run["status"] == "finished"
     assert run["config"]["training_args"]["learning_rate"] == 1e-3
-    metrics = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics", headers=headers).json()["metrics"]
+    metrics = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics", headers=headers).json()[
+        "metrics"
+    ]
     assert metrics["loss"]["steps"] == [1, 2, 3]
     assert metrics["grad_norm"]["steps"] == [1, 2, 3]
     assert metrics["learning_rate"]["steps"] == [1, 2, 3]
     assert "train_runtime" not in metrics  # end-of-training summary, not a step metric
-    names = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics/names", headers=headers).json()["names"]
+    names = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics/names", headers=headers).json()[
+        "names"
+    ]
     canonical = {n["name"]: n["canonical"] for n in names}
     assert canonical["loss"] == "pg_loss" and canonical["grad_norm"] == "grad_norm"  # TRL aliases (SPEC 4)

@@ -26,8 +26,12 @@ class FakeTracking:
 def test_verl_backend_sends_steps_and_finishes(live_server):
     tracking = FakeTracking()
     backend = MoeproxyTracking(
-        "qwen3_moe_grpo", "qwen3-30b-a3b-dapo", config={"actor": {"lr": 1e-6}},
-        url=live_server.url, token=live_server.token, flush_interval_s=0.1,
+        "qwen3_moe_grpo",
+        "qwen3-30b-a3b-dapo",
+        config={"actor": {"lr": 1e-6}},
+        url=live_server.url,
+        token=live_server.token,
+        flush_interval_s=0.1,
     )
     tracking.logger["moeproxy"] = backend
     for step in range(1, 5):
@@ -47,7 +51,9 @@ def test_verl_backend_sends_steps_and_finishes(live_server):
     (run,) = httpx.get(f"{live_server.url}/api/v1/runs", headers=headers).json()["runs"]
     assert run["name"] == "qwen3-30b-a3b-dapo" and run["framework"] == "verl" and run["status"] == "finished"
     assert "project:qwen3_moe_grpo" in run["tags"] and run["config"] == {"actor": {"lr": 1e-6}}
-    metrics = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics", headers=headers).json()["metrics"]
+    metrics = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics", headers=headers).json()[
+        "metrics"
+    ]
     assert metrics["critic/score/mean"]["steps"] == [1, 2, 3, 4]
     assert metrics["actor/grad_norm"]["values"] == [1.25, 1.25, "Infinity", 1.25]
     assert "val/generations" not in metrics

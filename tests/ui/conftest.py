@@ -29,7 +29,11 @@ def fingerprint_library(tmp_path_factory):
     fingerprints = []
     for fault_class in LIBRARY_CLASSES:
         runs = [synthetic_run(fault_class, steps=60, onset=20, seed=s) for s in LIBRARY_SEEDS]
-        twins = [] if fault_class == "healthy" else [synthetic_run("healthy", steps=60, onset=20, seed=s) for s in LIBRARY_SEEDS]
+        twins = (
+            []
+            if fault_class == "healthy"
+            else [synthetic_run("healthy", steps=60, onset=20, seed=s) for s in LIBRARY_SEEDS]
+        )
         fingerprints.append(build_fingerprint(fault_class, runs, twins))
     return save_library(FingerprintLibrary(tuple(fingerprints)), tmp_path_factory.mktemp("library"))
 
@@ -42,8 +46,9 @@ def ingest_body(run, *, start: int = 0, stop: int | None = None) -> dict:
 
 @pytest.fixture
 def ui_app(database, fingerprint_library):
-    from moeproxy.config import Settings
     from moeproxy.service.app import create_app
+
+    from moeproxy.config import Settings
 
     return create_app(Settings(database_url="sqlite://", fingerprints=fingerprint_library), database=database)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from moeproxy.signatures.synthetic import synthetic_run
 
 HELD_OUT = [
@@ -16,7 +15,9 @@ HELD_OUT = [
 ]
 
 
-@pytest.mark.parametrize(("fault_class", "steps", "onset", "magnitude", "seed"), HELD_OUT, ids=[h[0] for h in HELD_OUT])
+@pytest.mark.parametrize(
+    ("fault_class", "steps", "onset", "magnitude", "seed"), HELD_OUT, ids=[h[0] for h in HELD_OUT]
+)
 def test_held_out_trace_ranks_its_class_first_in_api_and_page(
     ui_client, auth, post_run, fault_class, steps, onset, magnitude, seed
 ):
