@@ -166,7 +166,6 @@ def _direct_writer(args: tuple) -> dict:
     latencies = []
     if backend == "postgres":
         import psycopg
-
         from sqlalchemy.engine import make_url
 
         u = make_url(database_url)

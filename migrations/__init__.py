@@ -49,7 +49,6 @@ def downgrade(bind: Engine | Connection | str | None = None, revision: str = "ba
 
 def current_revision(bind: Engine | Connection | str) -> str | None:
     from alembic.runtime.migration import MigrationContext
-
     from moeproxy.service.db import make_engine
 
     engine = make_engine(bind) if isinstance(bind, str) else bind

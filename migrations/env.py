@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Connection, Engine, text
-
 from moeproxy.service.db import make_engine
 from moeproxy.service.models import Base
+from sqlalchemy import Connection, Engine, text
 
 # An arbitrary constant: the advisory lock serialises concurrent upgrades
 # (several replicas starting at once) on PostgreSQL.

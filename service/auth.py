@@ -6,11 +6,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
-
 from moeproxy.service.errors import NotAuthenticated
 from moeproxy.service.tokens import repository as tokens
 from moeproxy.service.tokens.models import Project
+from sqlalchemy.orm import Session
 
 _bearer = HTTPBearer(auto_error=False, description="a token from `moeproxy token create --project NAME`")
 

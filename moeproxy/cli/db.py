@@ -42,8 +42,9 @@ def upgrade_cmd(
     revision: str = typer.Option("head", help="target revision"),
 ) -> None:
     """Apply migrations up to REVISION (default: the newest)."""
-    from moeproxy.migrations import alembic_config
     from alembic import command
+
+    from moeproxy.migrations import alembic_config
 
     url = resolve_url(url)
     if revision == "head":

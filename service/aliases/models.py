@@ -2,10 +2,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from moeproxy.service.db import Base, UTCDateTime, utcnow
 from sqlalchemy import ForeignKey, Index, Integer, String, text
 from sqlalchemy.orm import Mapped, mapped_column
-
-from moeproxy.service.db import Base, UTCDateTime, utcnow
 
 
 class MetricAliasRow(Base):

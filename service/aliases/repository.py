@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import or_, select
-from sqlalchemy.orm import Session
-
 from moeproxy.service.aliases.models import MetricAliasRow
 from moeproxy.signatures.vocabulary import MetricAlias, alias_index, canonical_name
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 
 
 def list_aliases(session: Session, project_id: int, *, framework: str | None = None) -> list[MetricAliasRow]:

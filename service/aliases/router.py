@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Response, status
-
 from moeproxy.service.aliases import repository
 from moeproxy.service.aliases.schemas import AliasCreate, AliasList, AliasOut
 from moeproxy.service.auth import ProjectDep, SessionDep

@@ -10,10 +10,9 @@ Use :func:`moeproxy.service.metrics.repository.read_metrics` (or
 
 from __future__ import annotations
 
+from moeproxy.service.db import Base
 from sqlalchemy import BigInteger, Double, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
-
-from moeproxy.service.db import Base
 
 
 class MetricName(Base):

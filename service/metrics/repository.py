@@ -23,14 +23,13 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
 from moeproxy.service import events
 from moeproxy.service.db import is_sqlite
 from moeproxy.service.metrics.codec import ParsedBatch
 from moeproxy.service.metrics.models import MetricName, MetricPoint
 from moeproxy.service.runs.models import Run
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 _PG_UPSERT = (
     "INSERT INTO metric_points (metric_id, step, value) "
@@ -140,9 +139,11 @@ def _write_postgres(session: Session, metric_ids: list[int], steps: list[int], v
         with session.begin_nested():
             # session.connection() inside the block is what emits the SAVEPOINT (it is lazy).
             raw = session.connection().connection.dbapi_connection
-            with raw.cursor() as cursor:
-                with cursor.copy("COPY metric_points (metric_id, step, value) FROM STDIN (FORMAT BINARY)") as copy:
-                    copy.write(payload)
+            with (
+                raw.cursor() as cursor,
+                cursor.copy("COPY metric_points (metric_id, step, value) FROM STDIN (FORMAT BINARY)") as copy,
+            ):
+                copy.write(payload)
     except psycopg.errors.UniqueViolation:
         session.connection().exec_driver_sql(_PG_UPSERT, (metric_ids, steps, values))
 

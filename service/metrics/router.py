@@ -4,12 +4,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
-
 from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.auth import ProjectDep, SessionDep
 from moeproxy.service.errors import PayloadTooLarge, UnsupportedMediaType
-from moeproxy.service.metrics import repository
-from moeproxy.service.metrics import codec
+from moeproxy.service.metrics import codec, repository
 from moeproxy.service.metrics.codec import INGEST_BODY_SCHEMA, encode_values, parse_ingest_body
 from moeproxy.service.metrics.schemas import IngestResult, MetricNameOut, MetricNamesOut, MetricsOut
 from moeproxy.service.runs import repository as runs

@@ -4,10 +4,9 @@ import enum
 from datetime import datetime
 from typing import Any
 
+from moeproxy.service.db import Base, UTCDateTime, utcnow
 from sqlalchemy import JSON, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
-
-from moeproxy.service.db import Base, UTCDateTime, utcnow
 
 
 class RunStatus(enum.StrEnum):

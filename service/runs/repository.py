@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from moeproxy.service.errors import RunNotFound
 from moeproxy.service.metrics.models import MetricName, MetricPoint
 from moeproxy.service.runs.models import Run, RunStatus
 from moeproxy.service.runs.schemas import RunCreate, RunUpdate
+from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 
 def get_run(session: Session, project_id: int, run_id: int) -> Run:

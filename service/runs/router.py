@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Response, status
-
 from moeproxy.service.auth import ProjectDep, SessionDep
 from moeproxy.service.runs import repository
 from moeproxy.service.runs.schemas import RunCreate, RunList, RunOut, RunUpdate

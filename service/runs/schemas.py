@@ -3,9 +3,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from moeproxy.service.runs.models import RunStatus
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 def _strip_nonempty(value: str) -> str:

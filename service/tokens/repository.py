@@ -14,13 +14,12 @@ import hashlib
 import re
 import secrets
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-
 from moeproxy.service.db import utcnow
 from moeproxy.service.errors import InvalidInput, NotFound
 from moeproxy.service.tokens.models import ApiToken, Project
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 TOKEN_PREFIX = "mpx_"
 _SHOWN_PREFIX_LEN = 12

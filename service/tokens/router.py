@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-
 from moeproxy.service.auth import ProjectDep
 from moeproxy.service.tokens.schemas import WhoAmI
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, alias_index, canonical_name
 
 

@@ -9,9 +9,9 @@ import time
 import httpx
 import numpy as np
 import pytest
+from uvicorn_process import UvicornProcess, free_port
 
 from moeproxy.client import MetricsClient
-from uvicorn_process import UvicornProcess, free_port
 
 
 def _token(database_url: str, project: str = "client-tests") -> str:
@@ -73,7 +73,7 @@ def test_client_survives_a_server_restart_without_losing_points(fresh_database_u
     spill = tmp_path / "spill.jsonl"
     client = _fast_client(server.url, token, "restart-run", spill, config={"lr": 1e-6})
     try:
-        for step in range(0, 40):
+        for step in range(40):
             client.log(step, _values(step))
         assert client.flush(timeout_s=30)
         assert client.stats["batches_spilled"] == 0

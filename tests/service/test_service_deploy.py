@@ -20,9 +20,10 @@ ENV_NAME = re.compile(r"\bMOEPROXY_[A-Z0-9_]+\b")
 
 
 def _known_env_names() -> set[str]:
+    import typer.main
+
     from moeproxy.cli import app
     from moeproxy.config import Settings
-    import typer.main
 
     names = {f"MOEPROXY_{field.upper()}" for field in Settings.model_fields}
     command = typer.main.get_command(app)
@@ -62,11 +63,11 @@ def test_compose_runs_the_service_against_its_postgres():
 
 def test_dockerfile_copies_every_installed_package_and_serves():
     dockerfile = (DOCKER / "Dockerfile").read_text()
-    copied = set(re.findall(r"^COPY (\S+) ", dockerfile, flags=re.M))
+    copied = set(re.findall(r"^COPY (\S+) ", dockerfile, flags=re.MULTILINE))
     setup_py = (ROOT / "setup.py").read_text()
     stage_folders = set(re.findall(r'"moeproxy\.\w+": "(\w+)"', setup_py))
     assert stage_folders and stage_folders | {"moeproxy"} <= copied
-    assert re.search(r'^CMD \["moeproxy", "serve"\]', dockerfile, flags=re.M)
+    assert re.search(r'^CMD \["moeproxy", "serve"\]', dockerfile, flags=re.MULTILINE)
     assert "/healthz" in dockerfile
 
 
@@ -93,7 +94,7 @@ def _structural(text: str) -> str:
     lines = []
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped.startswith("{{-") or stripped.startswith("{{/*"):
+        if stripped.startswith(("{{-", "{{/*")):
             continue  # control flow, includes with nindent, toYaml blocks
         lines.append(re.sub(r"\{\{.*?\}\}", "X", line))
     return "\n".join(lines)

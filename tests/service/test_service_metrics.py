@@ -31,9 +31,8 @@ def _read(client, auth, run_id, query=""):
 
 
 def _count_points(database) -> int:
-    from sqlalchemy import func, select
-
     from moeproxy.service.metrics.models import MetricPoint
+    from sqlalchemy import func, select
 
     with database.scope() as s:
         return s.scalar(select(func.count()).select_from(MetricPoint))

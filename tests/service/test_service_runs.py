@@ -112,10 +112,9 @@ def test_bad_and_revoked_tokens_are_401(client, database, make_token):
 
 
 def test_tokens_are_stored_hashed(database, make_token):
-    from sqlalchemy import select
-
     from moeproxy.service.tokens.models import ApiToken
     from moeproxy.service.tokens.repository import hash_token
+    from sqlalchemy import select
 
     token = make_token("hashed")
     with database.scope() as s:
@@ -125,9 +124,8 @@ def test_tokens_are_stored_hashed(database, make_token):
 
 
 def test_delete_run_removes_its_metrics(client, auth, database):
-    from sqlalchemy import func, select
-
     from moeproxy.service.metrics.models import MetricPoint
+    from sqlalchemy import func, select
 
     h = auth()
     run = client.post("/api/v1/runs", json={"name": "gone"}, headers=h).json()
