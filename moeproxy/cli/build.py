@@ -80,6 +80,14 @@ def build(
         "--weighted-prototypes/--plain-prototypes",
         help="Weight each token's router input by its routing weight in the expert prototypes.",
     ),
+    statistics: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--statistics",
+        help="Routing statistics saved by an earlier build (--save-statistics): skip calibration.",
+    ),
+    save_statistics: Path | None = typer.Option(  # noqa: B008
+        None, "--save-statistics", help="Also save the routing statistics to this .npz file."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for random selection and FasterPAM."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON on stdout."),
@@ -91,14 +99,20 @@ def build(
     _register_lazy_sources()
     try:
         from moeproxy.proxy_builder.build import build_proxy
+        from moeproxy.proxy_builder.layer_stats import load_statistics
+        from moeproxy.proxy_builder.layer_stats import save_statistics as save_stats
+
+        precomputed = _load_statistics(statistics, load_statistics) if statistics is not None else None
 
         result = build_proxy(
             model, out, keep=keep, keep_ratio=keep_ratio, method=method, calibration=calibration,
             max_tokens=max_tokens, seq_len=seq_len, batch_size=batch_size, device=device, dtype=dtype,
             view_weights=view_weights, representative=representative, group_policy=group_policy, seed=seed,
-            weighted_prototypes=weighted_prototypes,
+            weighted_prototypes=weighted_prototypes, statistics=precomputed,
             overwrite=overwrite, progress=not quiet,
         )  # fmt: skip
+        if save_statistics is not None and result.statistics:
+            save_stats(result.statistics, save_statistics)
     except ProxyBuildError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
@@ -123,6 +137,15 @@ def build(
             f"devices {mem['devices']['original']} -> {mem['devices']['proxy']}"
         )
     typer.echo(f"report: {Path(result.out_dir) / 'proxy_report.json'}")
+
+
+def _load_statistics(path: Path, load):
+    from moeproxy.proxy_builder.errors import CalibrationError
+
+    try:
+        return load(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CalibrationError(f"cannot read routing statistics from {path}: {exc}") from None
 
 
 def register(app: typer.Typer) -> None:

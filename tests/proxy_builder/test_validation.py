@@ -211,3 +211,22 @@ def test_unavailable_device(tiny_checkpoints, calibration_file, tmp_path, no_mod
     with pytest.raises(InvalidPruneRequest, match="'cuda' is not available"):
         build_proxy(tiny_checkpoints["olmoe"], tmp_path / "p", keep=4, calibration=str(calibration_file), device="cuda")
     _assert_nothing_written(tmp_path / "p")
+
+
+def test_cli_saves_and_reuses_statistics(tiny_checkpoints, calibration_file, tmp_path):
+    src = str(tiny_checkpoints["qwen2_moe"])
+    npz = tmp_path / "stats.npz"
+    first = runner.invoke(app, ["build", "--model", src, "--out", str(tmp_path / "a"), "--keep", "4", "--quiet",
+                                "--calibration", str(calibration_file), "--max-tokens", "600",
+                                "--save-statistics", str(npz)])  # fmt: skip
+    assert first.exit_code == 0, first.output
+    second = runner.invoke(app, ["build", "--model", src, "--out", str(tmp_path / "b"), "--keep", "4", "--quiet",
+                                 "--statistics", str(npz)])  # fmt: skip
+    assert second.exit_code == 0, second.output
+    a = json.loads((tmp_path / "a" / "proxy_report.json").read_text())
+    b = json.loads((tmp_path / "b" / "proxy_report.json").read_text())
+    assert a["layers"] == b["layers"] and b["calibration"] is None
+    bad = runner.invoke(app, ["build", "--model", src, "--out", str(tmp_path / "c"), "--keep", "4",
+                              "--statistics", str(tmp_path / "missing.npz")])  # fmt: skip
+    assert bad.exit_code == 2 and "cannot read routing statistics" in bad.stderr
+    assert not (tmp_path / "c").exists()
