@@ -184,6 +184,8 @@ class LocalTorchBackend:
             "step_time_s_median": _median(step_times),
             "peak_memory_mb": max(peaks) if peaks else float("nan"),
             "peak_memory_mb_median": _median(peaks),
+            # CPU: peak RSS minus the RSS before the three copies were loaded (the run's own memory)
+            "peak_memory_above_baseline_mb": (max(peaks) if peaks else float("nan")) - engine.baseline_rss_mb,
         }
         return trace, {"cost": cost, "model": engine.describe(), "device": engine.device}
 

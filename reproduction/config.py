@@ -135,6 +135,33 @@ class EngineConfig:
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
+    def with_strings(self, raw: dict[str, str]) -> EngineConfig:
+        """Apply ``key=value`` strings (command lines), typed by the field they set."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        out: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in fields:
+                raise InvalidEngineConfig(f"unknown engine option {key!r}; known: {', '.join(sorted(fields))}")
+            current = getattr(self, key)
+            try:
+                if key == "tasks":
+                    out[key] = tuple(v for v in value.split(",") if v) or None
+                elif key == "betas":
+                    out[key] = tuple(float(v) for v in value.split(","))
+                elif key == "experts_implementation":
+                    out[key] = value or None
+                elif isinstance(current, bool):
+                    out[key] = value.lower() in ("1", "true", "yes", "on")
+                elif isinstance(current, int):
+                    out[key] = int(value)
+                elif isinstance(current, float):
+                    out[key] = float(value)
+                else:
+                    out[key] = value
+            except ValueError:
+                raise InvalidEngineConfig(f"engine option {key}={value!r}: expected {type(current).__name__}") from None
+        return self.replace(**out)
+
 
 def lr_at(config: EngineConfig, step: int) -> float:
     """The learning rate of RL step ``step`` (0-based), as verl's schedulers: linear warm-up from 0,

@@ -51,6 +51,8 @@ class GRPOEngine:
         for dt in {cfg.trainer_dtype, cfg.rollout_dtype}:
             devmod.require_dtype(dev, dt)
         torch.manual_seed(self.seed)
+        # process RSS before any copy is loaded: peak minus this is what the run itself costs on CPU
+        self.baseline_rss_mb = devmod.current_rss_mb() if self.device.kind == "cpu" else 0.0
         self.model_dir = Path(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
         self.tokenizer.padding_side = "left"
@@ -180,4 +182,5 @@ class GRPOEngine:
             "moe_layers": len(p.moe_layers),
             "num_hidden_layers": int(cfg.num_hidden_layers),
             "hidden_size": int(cfg.hidden_size),
+            "baseline_rss_mb": self.baseline_rss_mb,
         }

@@ -40,39 +40,6 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _engine_overrides(raw: dict[str, str]):
-    """``--engine key=value`` strings -> typed EngineConfig fields."""
-    import dataclasses
-
-    from moeproxy.reproduction.config import EngineConfig
-
-    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    base = EngineConfig()
-    out = {}
-    for key, value in raw.items():
-        if key not in fields:
-            _fail(f"--engine {key}: unknown option; known: {', '.join(sorted(fields))}")
-        current = getattr(base, key)
-        try:
-            if key == "tasks":
-                out[key] = tuple(v for v in value.split(",") if v) or None
-            elif key == "betas":
-                out[key] = tuple(float(v) for v in value.split(","))
-            elif isinstance(current, bool):
-                out[key] = value.lower() in ("1", "true", "yes", "on")
-            elif isinstance(current, int):
-                out[key] = int(value)
-            elif isinstance(current, float):
-                out[key] = float(value)
-            elif current is None and key == "experts_implementation":
-                out[key] = value or None
-            else:
-                out[key] = value
-        except ValueError:
-            _fail(f"--engine {key}={value!r}: expected {type(current).__name__}")
-    return out
-
-
 def _resolve_model(model: str) -> Path:
     path = Path(model)
     if path.is_dir():
@@ -141,7 +108,7 @@ def register(app: typer.Typer) -> None:
                     _fail("--out DIR is required")
                 model_dir = _resolve_model(model)
                 spec = FaultSpec(fault, variant, _pairs(param, "--param"))
-                config = EngineConfig().replace(**_engine_overrides(_pairs(engine, "--engine")))
+                config = EngineConfig().with_strings(_pairs(engine, "--engine"))
                 model_spec = ModelSpec(str(model_dir))
                 seed_list, n_steps, device_s, backend_s = _parse_seeds(seeds), steps, device, backend
                 with_healthy, out_dir = not no_healthy, out
