@@ -189,16 +189,25 @@ FIDELITY_VARIANTS: dict[str, dict] = {
 }
 
 
-def bench_fidelity(model_dir: Path, keep: int, tokens: int, heldout_tokens: int, seq_len: int) -> dict:
+def bench_fidelity(
+    model_dir: Path,
+    keep: int,
+    tokens: int,
+    heldout_tokens: int,
+    seq_len: int,
+    calibration: str | None = None,
+) -> dict:
     """Next-token KL(original || proxy) of each selection variant, side by side, on held-out batches.
 
-    The model is random-initialised and the tokens are random, so this measures how
-    much of the original's function each selection keeps on this model, not task
-    accuracy (that needs the trained reference models).
+    Without ``calibration`` the tokens are random; on the random-initialised
+    benchmark model this only checks the pipeline (see docs/benchmarks.md).  With
+    a calibration spec (e.g. ``synthetic:tasks`` on a trained reference model) the
+    last ``heldout_tokens`` of the stream are held out and never used for statistics.
     """
     import numpy as np
     import torch
-    from moeproxy.proxy_builder.architectures import architecture_for
+    from moeproxy.proxy_builder import calibration as calib
+    from moeproxy.proxy_builder.architectures import architecture_for, group_spec
     from moeproxy.proxy_builder.build import load_model
     from moeproxy.proxy_builder.layer_stats import Batch
     from moeproxy.proxy_builder.methods import SelectionOptions, select_experts
@@ -206,28 +215,49 @@ def bench_fidelity(model_dir: Path, keep: int, tokens: int, heldout_tokens: int,
     from moeproxy.proxy_builder.weight_search import in_memory_proxy
 
     torch.set_num_threads(1)
-    model, _ = load_model(model_dir, dtype="float32")
+    model, tokenizer = load_model(model_dir, dtype="float32", progress=False)
     config = json.loads((model_dir / "config.json").read_text())
     arch = architecture_for(config)
     layers = arch.moe_layers(config)
-    rng = np.random.default_rng(1)
+    group = group_spec(arch, config, keep, "per_group")
+    if calibration is None:
+        rng = np.random.default_rng(1)
 
-    def batches(n_tokens: int) -> list:
-        n = max(1, n_tokens // (4 * seq_len))
-        return [Batch(rng.integers(0, config["vocab_size"], size=(4, seq_len)), np.ones((4, seq_len), np.int64))
-                for _ in range(n)]  # fmt: skip
+        def batches(n_tokens: int) -> list:
+            n = max(1, n_tokens // (4 * seq_len))
+            return [Batch(rng.integers(0, config["vocab_size"], size=(4, seq_len)), np.ones((4, seq_len), np.int64))
+                    for _ in range(n)]  # fmt: skip
 
-    calib, held = batches(tokens), batches(heldout_tokens)
-    stats = collect_statistics(model, calib, arch, layers)
+        stats_batches, held = batches(tokens), batches(heldout_tokens)
+    else:
+        from moeproxy.cli.build import _register_lazy_sources
+
+        _register_lazy_sources()
+        everything = calib.make_batches(
+            calib.documents(calibration),
+            tokenize=lambda text: tokenizer(text, add_special_tokens=True)["input_ids"],
+            vocab_size=config["vocab_size"], max_tokens=tokens + heldout_tokens, seq_len=seq_len, batch_size=16,
+            pad_id=tokenizer.pad_token_id or 0,
+        )  # fmt: skip
+        stats_batches, held = calib.split_heldout(everything, heldout_tokens / (tokens + heldout_tokens))
+    stats = collect_statistics(model, stats_batches, arch, layers)
     out = {}
     for name, variant in FIDELITY_VARIANTS.items():
         options = SelectionOptions(representative=variant.get("representative", "most_frequent"))
-        sel = select_experts(variant["method"], stats, layers, arch.expert_count(config), keep, options)
-        proxy = in_memory_proxy(model, arch, {k: v.kept for k, v in sel.items()}, keep)
+        sel = select_experts(variant["method"], stats, layers, arch.expert_count(config), keep, options, group=group)
+        proxy = in_memory_proxy(model, arch, {k: v.kept for k, v in sel.items()}, keep, group)
         mass = float(np.mean([stats[layer].mass_kept(sel[layer].kept) for layer in layers]))
         out[name] = {"kl": next_token_kl(model, proxy, held), "routing_mass_kept": mass}
         del proxy
-    return {"keep": keep, "calibration_tokens": tokens, "heldout_tokens": len(held) * 4 * seq_len, "variants": out}
+    return {
+        "model": str(model_dir),
+        "calibration": calibration or "random tokens",
+        "keep": keep,
+        "num_experts": arch.expert_count(config),
+        "calibration_tokens": sum(b.real_tokens for b in stats_batches),
+        "heldout_tokens": sum(b.real_tokens for b in held),
+        "variants": out,
+    }
 
 
 def _check_loads(proxy: Path) -> None:
@@ -249,8 +279,14 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--keep", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--fidelity-model", type=Path, help="Only run the fidelity comparison, on this checkpoint.")
+    ap.add_argument("--fidelity-calibration", default="synthetic:tasks")
+    ap.add_argument("--fidelity-keep", type=int, default=None)
     args = ap.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
+    if args.fidelity_model is not None:
+        _fidelity_only(args)
+        return
 
     t = time.perf_counter()
     model_dir = build_model(args.root, args.dtype, args.shard)
@@ -277,6 +313,21 @@ def main() -> None:
     for name, row in fidelity["variants"].items():
         print(f"fidelity {name:22} KL {row['kl']:.4f}  routing mass kept {row['routing_mass_kept']:.3f}")
     print(f"wrote {RESULTS}")
+
+
+def _fidelity_only(args) -> None:
+    """Add a fidelity table for a given (e.g. trained reference) model to the results file."""
+    config = json.loads((args.fidelity_model / "config.json").read_text())
+    from moeproxy.proxy_builder.architectures import architecture_for
+
+    keep = args.fidelity_keep or architecture_for(config).expert_count(config) // 4
+    fidelity = bench_fidelity(args.fidelity_model, keep, 8192, 2048, 128, calibration=args.fidelity_calibration)
+    result = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    result.setdefault("fidelity_models", {})[args.fidelity_model.name] = fidelity
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    for name, row in fidelity["variants"].items():
+        print(f"fidelity {name:22} KL {row['kl']:.4f}  routing mass kept {row['routing_mass_kept']:.3f}")
 
 
 if __name__ == "__main__":
