@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from fastapi import Request
 from starlette.datastructures import URL
@@ -35,7 +35,7 @@ def is_authorised(request: Request) -> bool:
 
 
 def without_token(url: URL) -> str:
-    query = [(k, v) for k, v in url.query_params.multi_items() if k != "token"]
+    query = [(k, v) for k, v in parse_qsl(url.query, keep_blank_values=True) if k != "token"]
     return url.path + (f"?{urlencode(query)}" if query else "")
 
 

@@ -1,0 +1,109 @@
+"""A real browser (Debian's chromium driven by Playwright) on the demo run's page, served by a real uvicorn.
+
+Screenshots go to ``test-artifacts/`` at the repository root.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
+
+
+@pytest.fixture
+def served(tmp_path, fingerprint_library):
+    from moeproxy import migrations
+    from moeproxy.config import Settings
+    from moeproxy.service.app import create_app
+    from moeproxy.service.db import Database
+    from moeproxy.service.tokens import repository as tokens
+
+    url = f"sqlite:///{tmp_path / 'browser.db'}"
+    migrations.upgrade(url)
+    database = Database(url)
+    with database.scope() as s:
+        _row, token = tokens.create_token(s, "demo")
+    app = create_app(
+        Settings(database_url=url, fingerprints=fingerprint_library, triage_interval_s=0.5), database=database
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield f"http://127.0.0.1:{port}", token, app
+    server.should_exit = True
+    thread.join(10)
+    database.dispose()
+
+
+def test_demo_run_page_in_chromium(served):
+    from moeproxy.demo import post_demo
+
+    base, token, app = served
+    posted = post_demo(base, token)
+    faulty = next(r for r in posted if "healthy" not in r["name"])
+    healthy = next(r for r in posted if "healthy" in r["name"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    # Live triage evaluates both runs in the background (the first evaluation compiles DTW).
+    live = app.state.live_triage
+    deadline = time.monotonic() + 120
+    while (live.evaluations < 2 or not live.idle()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert live.evaluations >= 2
+
+    with playwright_sync.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/runs/{faulty['id']}")
+            rows = page.locator("#candidates tr.candidate")
+            rows.first.wait_for()
+            classes = [rows.nth(i).get_attribute("data-fault-class") for i in range(rows.count())]
+            assert "rollout_logp_precision" in classes and "healthy" in classes
+            assert classes[0] == "rollout_logp_precision"
+            assert "rollout_logp_precision" in page.locator("#verdict").inner_text()
+            # Plotly drew the key plots (its SVG), with the run trace and the expected shape.
+            page.locator("#plot-key-0 .main-svg").first.wait_for(timeout=20_000)
+            assert page.locator("#key-plots .plot .main-svg").count() >= 2
+            legend = page.locator("#plot-key-0 .legendtext").all_text_contents()
+            assert "run" in legend and any(t.startswith("expected: ") for t in legend)
+            page.screenshot(path=str(ARTIFACTS / "run-page.png"), full_page=True)
+
+            page.locator("#candidates a[href='/faults#rollout_logp_precision']").first.click()
+            page.wait_for_url("**/faults#rollout_logp_precision")
+            assert page.locator("#rollout_logp_precision").is_visible()
+
+            page.goto(f"{base}/")
+            listed = page.locator("table.runs tbody tr")
+            assert listed.count() == 2
+            assert faulty["name"] in page.content() and healthy["name"] in page.content()
+            page.screenshot(path=str(ARTIFACTS / "runs-list.png"), full_page=True)
+        finally:
+            browser.close()

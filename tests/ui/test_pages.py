@@ -1,0 +1,118 @@
+"""The pages through the app: runs list, run page, fault catalogue, static files, the UI token gate."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from moeproxy.config import Settings
+from moeproxy.reproduction.catalogue import FAULT_CLASSES
+from moeproxy.service.app import create_app
+from moeproxy.signatures.synthetic import synthetic_run
+
+
+def plot_data(html: str) -> dict:
+    raw = re.search(r'<script type="application/json" id="plot-data">(.*?)</script>', html, re.S).group(1)
+    return json.loads(raw)
+
+
+def test_runs_list_newest_first_with_verdict_filters_and_pages(ui_client, auth, post_run):
+    faulty = post_run(synthetic_run("gradient_overflow", steps=70, onset=25, seed=121), "a-faulty", project="alpha")
+    ui_client.get(f"/api/v1/runs/{faulty}/triage", headers=auth("alpha"))  # evaluate it
+    for i in range(3):
+        ui_client.post("/api/v1/runs", json={"name": f"b-{i}"}, headers=auth("beta"))
+
+    page = ui_client.get("/")
+    assert page.status_code == 200
+    names = re.findall(r'<a href="/runs/\d+">([^<]+)</a>', page.text)
+    assert names == ["b-2", "b-1", "b-0", "a-faulty"]
+    assert 'href="/faults#gradient_overflow"' in page.text and "strong" in page.text
+
+    alpha = ui_client.get("/?project=alpha").text
+    assert re.findall(r'<a href="/runs/\d+">([^<]+)</a>', alpha) == ["a-faulty"]
+    assert re.findall(r'<a href="/runs/\d+">([^<]+)</a>', ui_client.get("/?verdict=gradient_overflow").text) == [
+        "a-faulty"
+    ]
+    assert len(re.findall(r'<a href="/runs/\d+">', ui_client.get("/?verdict=none").text)) == 3
+    assert re.findall(r'<a href="/runs/\d+">', ui_client.get("/?status=finished").text) == []
+
+    first = ui_client.get("/?per_page=2").text
+    assert "page 1 of 2" in first and re.findall(r'<a href="/runs/\d+">([^<]+)</a>', first) == ["b-2", "b-1"]
+    second = ui_client.get("/?per_page=2&page=2").text
+    assert re.findall(r'<a href="/runs/\d+">([^<]+)</a>', second) == ["b-0", "a-faulty"]
+
+
+def test_run_page_plots_overlays_change_points_and_nonfinite(ui_client, auth, post_run):
+    run = synthetic_run("gradient_overflow", steps=80, onset=30, seed=122)
+    run_id = post_run(run, "overflow")
+    html = ui_client.get(f"/runs/{run_id}").text
+    assert '<script src="/static/plotly.min.js"' in html and "cdn" not in html.lower()
+    data = plot_data(html)
+    figures = {f["name"]: f for f in data["key"] + data["other"]}
+    grad = figures["actor/grad_norm"]
+    assert grad["nonfinite"] and sum(grad["nonfinite"].values()) == int((~np.isfinite(run.series["actor/grad_norm"].values)).sum())
+    assert grad["change_points"]
+    assert any(t["name"].startswith("expected: gradient_overflow") for f in data["key"] for t in f["traces"])
+    assert 'data-live="1"' in html  # a running run polls for new evaluations
+    state = ui_client.get(f"/runs/{run_id}/state").json()
+    assert state["live"] is True and state["version"] in html
+
+
+def test_run_page_without_metrics_and_unknown_run(ui_client, auth):
+    run_id = ui_client.post("/api/v1/runs", json={"name": "empty"}, headers=auth()).json()["id"]
+    assert "No metrics yet" in ui_client.get(f"/runs/{run_id}").text
+    assert ui_client.get("/runs/999999").status_code == 404
+
+
+def test_fault_catalogue_has_an_anchor_per_class(ui_client):
+    html = ui_client.get("/faults").text
+    for name, fault in FAULT_CLASSES.items():
+        assert f'id="{name}"' in html
+        assert fault.what.split("(")[0].strip() in html
+
+
+def test_plotly_is_served_from_the_installed_package(ui_client):
+    response = ui_client.get("/static/plotly.min.js")
+    assert response.status_code == 200 and len(response.content) > 1_000_000
+    assert b"plotly" in response.content[:2000].lower()
+    assert ui_client.get("/static/ui.js").status_code == 200
+    assert ui_client.get("/static/../router.py").status_code == 404
+
+
+@pytest.fixture
+def gated_client(database, fingerprint_library):
+    app = create_app(
+        Settings(database_url="sqlite://", fingerprints=fingerprint_library, ui_token="s3cret"), database=database
+    )
+    with TestClient(app) as client:
+        yield client
+
+
+def test_ui_token_gate(gated_client):
+    page = gated_client.get("/", follow_redirects=False)
+    assert page.status_code == 303 and page.headers["location"].startswith("/login?next=")
+    assert gated_client.get("/faults", follow_redirects=False).status_code == 303
+    assert gated_client.get("/static/ui.css").status_code == 200  # assets are not secret
+
+    wrong = gated_client.post("/login", data={"token": "nope", "next": "/faults"}, follow_redirects=False)
+    assert wrong.status_code == 401 and "wrong token" in wrong.text
+    assert "s3cret" not in wrong.text
+
+    ok = gated_client.post("/login", data={"token": "s3cret", "next": "//evil.example/"}, follow_redirects=False)
+    assert ok.status_code == 303 and ok.headers["location"] == "/"  # no open redirect
+    cookie = ok.cookies.get("moeproxy_ui")
+    assert cookie and "s3cret" not in cookie
+    assert gated_client.get("/", cookies={"moeproxy_ui": cookie}).status_code == 200
+
+
+def test_ui_token_in_the_query_sets_the_cookie_and_leaves_the_url(gated_client):
+    response = gated_client.get("/faults?token=s3cret&x=1", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/faults?x=1"
+    assert gated_client.get("/faults?x=1", follow_redirects=False).status_code == 200  # the cookie jar has it
+    gated_client.cookies.clear()
+    assert gated_client.get("/faults?token=wrong", follow_redirects=False).status_code == 303
+
