@@ -138,16 +138,18 @@ def register(app: typer.Typer) -> None:
             if client is not None:
                 client.log(step, values)
 
+        status = "failed"
         try:
             result = impl.run(
                 model_spec, spec, seed_list, n_steps, config=config, device=device_s,
                 out_dir=out_dir, with_healthy=with_healthy, on_step=on_step,
             )
+            status = "finished"
         except ReproductionError as exc:
             _fail(str(exc))
         finally:
             for c in clients.values():
-                c.close()
+                c.close(status=status)
         if as_json:
             sys.stdout.write(json.dumps(result.manifest, indent=2, allow_nan=True) + "\n")
         else:

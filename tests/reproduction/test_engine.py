@@ -300,3 +300,61 @@ def test_backend_run_one_without_files(warm):
         ModelSpec(str(warm)), FaultSpec("healthy"), 0, 1, config=small_config()
     )
     assert len(trace) == 1 and info["model"]["num_experts"] == 8 and info["cost"]["wall_time_s"] > 0
+
+
+def test_post_streams_every_step_to_the_service_over_http(warm, tmp_path):
+    """``--post`` goes through moeproxy.client.MetricsClient to a real HTTP server."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from moeproxy.cli import app
+
+    received: dict[str, list] = {"runs": [], "metrics": [], "auth": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received["auth"].append(self.headers.get("Authorization"))
+            if self.path == "/api/v1/runs":
+                received["runs"].append(body)
+                self._reply(201, {"id": len(received["runs"])})
+            else:
+                received["metrics"].append((self.path, body))
+                self._reply(200, {"accepted": sum(len(s["values"]) for s in body["steps"])})
+
+        def do_PATCH(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._reply(200, {})
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        res = CliRunner().invoke(app, [
+            "reproduce", "--model", str(warm), "--fault", "reward_fault", "--variant", "constant", "--steps", "2",
+            "--out", str(tmp_path / "o"), "--post", url, "--token", "tok123", "--quiet",
+            "--engine", "tasks=counting", "--engine", "max_new_tokens=3", "--engine", "prompts_per_step=2",
+            "--engine", "ppo_mini_batch_size=1",
+        ])
+    finally:
+        server.shutdown()
+    assert res.exit_code == 0, res.output
+    names = sorted(r["name"] for r in received["runs"])
+    assert len(names) == 2 and any(n.endswith("healthy-seed0") for n in names)
+    assert all(r["framework"] == "verl" for r in received["runs"])
+    assert set(received["auth"]) == {"Bearer tok123"}
+    steps = sorted((p, s["step"]) for p, body in received["metrics"] for s in body["steps"])
+    assert len(steps) == 4 and {s for _, s in steps} == {0, 1}
+    one = received["metrics"][0][1]["steps"][0]["values"]
+    assert "critic/score/mean" in one and "training/rollout_probs_diff_mean" in one
