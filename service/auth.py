@@ -8,7 +8,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from moeproxy.service.errors import NotAuthenticated
 from moeproxy.service.tokens import repository as tokens
-from moeproxy.service.tokens.models import Project
+from moeproxy.service.tokens.repository import ProjectRef
 from sqlalchemy.orm import Session
 
 _bearer = HTTPBearer(auto_error=False, description="a token from `moeproxy token create --project NAME`")
@@ -28,13 +28,14 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 def current_project(
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Project:
+) -> ProjectRef:
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise NotAuthenticated("missing bearer token: send 'Authorization: Bearer <token>'")
-    project = tokens.authenticate(session, credentials.credentials)
+    project = tokens.authenticate_ref(session, credentials.credentials)
     if project is None:
         raise NotAuthenticated("invalid or revoked token")
     return project
 
 
-ProjectDep = Annotated[Project, Depends(current_project)]
+# The token's project as a frozen (id, name): handlers scope every query by ``project.id``.
+ProjectDep = Annotated[ProjectRef, Depends(current_project)]

@@ -22,6 +22,11 @@ from dataclasses import dataclass
 
 from moeproxy.service.errors import InvalidInput, PayloadTooLarge
 
+try:
+    import orjson
+except ImportError:  # pragma: no cover - orjson is a base dependency; the stdlib path still works
+    orjson = None
+
 MAX_STEPS_PER_REQUEST = 10_000
 MAX_POINTS_PER_REQUEST = 1_000_000
 # 1,000,000 points of ~50 bytes ("training/rollout_probs_diff_mean": 0.0123456789,) fit.
@@ -121,6 +126,14 @@ def _json_type(value: object) -> str:
 
 
 def decode_json(raw: bytes) -> object:
+    """orjson first (about 3x faster on ingest bodies); it is strict JSON, so the NaN/Infinity
+    literals and out-of-range numbers such as 1e400 fall back to the stdlib parser, which reads
+    them as nan/inf and also words the error message for bodies that are not JSON at all."""
+    if orjson is not None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
     try:
         return json.loads(raw)
     except UnicodeDecodeError:
@@ -188,6 +201,13 @@ def _parse_entry(entry: object, i: int) -> tuple[int, dict]:
     if type(values) is not dict:
         raise _fail(f"{where}.values", "expected an object {name: number}")
     return step, values
+
+
+def dumps(content: object) -> bytes:
+    """Strict JSON bytes (callers have already turned non-finite floats into strings)."""
+    if orjson is not None:
+        return orjson.dumps(content)
+    return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
 
 
 def encode_value(value: float | None) -> float | str:

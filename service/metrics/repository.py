@@ -28,6 +28,7 @@ from moeproxy.service.db import is_sqlite
 from moeproxy.service.metrics.codec import ParsedBatch
 from moeproxy.service.metrics.models import MetricName, MetricPoint
 from moeproxy.service.runs.models import Run
+from moeproxy.service.runs.repository import RunRef
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -74,7 +75,7 @@ def _select_ids(session: Session, run_id: int, names: Sequence[str]) -> dict[str
     return ids
 
 
-def ingest(session: Session, run: Run, batch: ParsedBatch) -> int:
+def ingest(session: Session, run: Run | RunRef, batch: ParsedBatch) -> int:
     """Upsert ``batch`` into ``run``; returns the number of points written.
 
     A post-commit :class:`~moeproxy.service.events.MetricsIngested` event is deferred on the session.

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Query, Request, Response
 from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.auth import ProjectDep, SessionDep
 from moeproxy.service.errors import PayloadTooLarge, UnsupportedMediaType
@@ -48,7 +47,7 @@ def ingest_metrics(run_id: int, project: ProjectDep, session: SessionDep, body: 
 
     Values may be numbers, the JSON literals ``NaN``/``Infinity``/``-Infinity`` or those strings.
     """
-    run = runs.get_run(session, project.id, run_id)
+    run = runs.get_run_ref(session, project.id, run_id)
     batch = parse_ingest_body(body)
     return IngestResult(accepted=repository.ingest(session, run, batch))
 
@@ -62,7 +61,7 @@ def read_metrics(
         list[str] | None, Query(description="comma-separated metric names (the parameter may repeat)")
     ] = None,
     after_step: Annotated[int | None, Query(description="only steps strictly after this one")] = None,
-) -> JSONResponse:
+) -> Response:
     """The run's series; non-finite values as the strings "NaN", "Infinity", "-Infinity"."""
     runs.get_run(session, project.id, run_id)
     wanted = [n for part in names for n in part.split(",") if n] if names else None
@@ -70,7 +69,8 @@ def read_metrics(
     content = {
         "metrics": {name: {"steps": steps, "values": encode_values(values)} for name, (steps, values) in series.items()}
     }
-    return JSONResponse(content)
+    # Non-finite values are strings by now, so any strict encoder is correct; orjson is the fast one.
+    return Response(codec.dumps(content), media_type="application/json")
 
 
 @router.get("/names", response_model=MetricNamesOut)

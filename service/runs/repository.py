@@ -6,6 +6,8 @@ from moeproxy.service.errors import RunNotFound
 from moeproxy.service.metrics.models import MetricName, MetricPoint
 from moeproxy.service.runs.models import Run, RunStatus
 from moeproxy.service.runs.schemas import RunCreate, RunUpdate
+from dataclasses import dataclass
+
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -17,6 +19,23 @@ def get_run(session: Session, project_id: int, run_id: int) -> Run:
     if run is None:
         raise RunNotFound(run_id)
     return run
+
+
+@dataclass(frozen=True, slots=True)
+class RunRef:
+    id: int
+    project_id: int
+    framework: str | None
+
+
+def get_run_ref(session: Session, project_id: int, run_id: int) -> RunRef:
+    """:func:`get_run` without loading the row's JSON columns (the ingest hot path)."""
+    row = session.execute(
+        select(Run.id, Run.project_id, Run.framework).where(Run.id == run_id, Run.project_id == project_id)
+    ).first()
+    if row is None:
+        raise RunNotFound(run_id)
+    return RunRef(id=row[0], project_id=row[1], framework=row[2])
 
 
 def get_run_by_name(session: Session, project_id: int, name: str) -> Run | None:
