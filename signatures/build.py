@@ -48,8 +48,9 @@ class TraceSet:
 _SEED_FILE = re.compile(r"^(?P<name>.+)-seed(?P<seed>\d+)\.jsonl$")
 
 
-def load_trace_dir(path: str | Path) -> TraceSet:
-    """Read ``DIR/manifest.json`` and the ``*-seed<k>.jsonl`` traces next to it."""
+def load_trace_dir(path: str | Path, *, twins_from: str | Path | None = None) -> TraceSet:
+    """Read ``DIR/manifest.json`` and the ``*-seed<k>.jsonl`` traces next to it; healthy twins
+    missing there are read from ``twins_from`` (a campaign's shared healthy directory)."""
     d = Path(path)
     try:
         manifest = json.loads((d / "manifest.json").read_text())
@@ -70,6 +71,11 @@ def load_trace_dir(path: str | Path) -> TraceSet:
             healthy[seed] = run
         elif m.group("name") == fault["class"]:
             fault_runs[seed] = run
+    if twins_from is not None and fault["class"] != "healthy":
+        for f in sorted(Path(twins_from).glob("healthy-seed*.jsonl")):
+            m = _SEED_FILE.match(f.name)
+            if m and int(m.group("seed")) in fault_runs and int(m.group("seed")) not in healthy:
+                healthy[int(m.group("seed"))] = load_run(f, framework="verl")
     if fault["class"] == "healthy":
         fault_runs = fault_runs or healthy
     if not fault_runs:

@@ -4,8 +4,8 @@ tslearn's DTW is numba-compiled without an on-disk cache, so the first call in a
 compilation (~6–9 s here, SPEC section 8). :func:`warm` does that once, behind a lock, and every
 other function calls it first; the service calls it at start-up so no request pays it.
 
-``one_to_many`` is the hot path of matching: one run trace against all the stacked fingerprint
-traces of one metric in a single ``cdist_dtw`` call. :func:`dtw_reference` is the plain O(n·m)
+``one_to_many`` is the hot path of matching: one run trace against the stacked fingerprint traces
+of one metric. :func:`dtw_reference` is the plain O(n·m)
 dynamic programme the fast path is tested against.
 """
 
@@ -17,6 +17,8 @@ import numpy as np
 
 _warm_lock = threading.Lock()
 _warm = False
+_backend = None  # tslearn's NumPy backend, passed explicitly: tslearn otherwise picks one by
+# formatting every input array as a string (str(array)), which costs more than the DTW itself.
 
 #: Sakoe–Chiba radius as a share of the trace length (at least 2 steps): effect traces are aligned
 #: on the onset already, so DTW only has to absorb a few steps of timing jitter.
@@ -26,18 +28,22 @@ MIN_BAND = 2
 
 def warm() -> None:
     """Compile tslearn's DTW kernels once per process (idempotent, thread-safe)."""
-    global _warm
+    global _warm, _backend
     if _warm:
         return
     with _warm_lock:
         if _warm:
             return
+        from tslearn.backend import Backend
         from tslearn.metrics import cdist_dtw, dtw
 
+        be = Backend("numpy")
         a = np.linspace(0.0, 1.0, 16)
-        dtw(a, a[::-1], global_constraint="sakoe_chiba", sakoe_chiba_radius=2)
+        dtw(a, a[::-1], global_constraint="sakoe_chiba", sakoe_chiba_radius=2, be=be)
+        dtw(a, a[::-1], be=be)
         cdist_dtw(a[None, :, None], np.stack([a, a[::-1]])[:, :, None],
-                  global_constraint="sakoe_chiba", sakoe_chiba_radius=2)
+                  global_constraint="sakoe_chiba", sakoe_chiba_radius=2, be=be)
+        _backend = be
         _warm = True
 
 
@@ -66,21 +72,25 @@ def dtw_distance(a: np.ndarray, b: np.ndarray, *, radius: int | None = None) -> 
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if radius is None:
-        return float(dtw(a, b))
-    return float(dtw(a, b, global_constraint="sakoe_chiba", sakoe_chiba_radius=int(radius)))
+        return float(dtw(a, b, be=_backend))
+    return float(dtw(a, b, global_constraint="sakoe_chiba", sakoe_chiba_radius=int(radius), be=_backend))
 
 
 def one_to_many(query: np.ndarray, references: np.ndarray, *, radius: int | None = None) -> np.ndarray:
-    """DTW distance of one trace (n,) to each row of ``references`` (k, m) in one call."""
-    warm()
-    from tslearn.metrics import cdist_dtw
+    """DTW distance of one trace (n,) to each row of ``references`` (k, m).
 
+    A loop of tslearn ``dtw`` calls with the backend given: measured here, 3 references of 40
+    points take 0.12 ms this way against 0.29 ms through ``cdist_dtw``, whose dataset
+    conversion dominates at these lengths."""
+    warm()
+    from tslearn.metrics import dtw
+
+    q = np.asarray(query, dtype=np.float64)
     refs = np.asarray(references, dtype=np.float64)
-    if refs.shape[0] == 0:
-        return np.zeros(0)
-    q = np.asarray(query, dtype=np.float64)[None, :, None]
-    kwargs = {} if radius is None else {"global_constraint": "sakoe_chiba", "sakoe_chiba_radius": int(radius)}
-    return np.asarray(cdist_dtw(q, refs[:, :, None], **kwargs))[0]
+    if radius is None:
+        return np.array([dtw(q, r, be=_backend) for r in refs])
+    r_ = int(radius)
+    return np.array([dtw(q, r, global_constraint="sakoe_chiba", sakoe_chiba_radius=r_, be=_backend) for r in refs])
 
 
 def dtw_reference(a: np.ndarray, b: np.ndarray, *, radius: int | None = None) -> float:

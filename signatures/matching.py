@@ -291,9 +291,17 @@ def _shape_score(sig: RunSignature, name: str, onset: int, exp: MetricExpectatio
     if n < pre + 2:  # too little of the run after the onset to compare shapes
         return None, None
     q = dtw.znorm(trace[:n])
-    refs = np.stack([dtw.znorm(np.asarray(t[:n])) for t in exp.traces])
-    d = float(dtw.one_to_many(q, refs, radius=dtw.band_radius(n)).min())
+    d = float(dtw.one_to_many(q, _reference_stack(exp, n), radius=dtw.band_radius(n)).min())
     return math.exp(-w.shape_sharpness * d * d / n), d
+
+
+def _reference_stack(exp: MetricExpectation, n: int) -> np.ndarray:
+    """The fingerprint's traces truncated to ``n`` and z-normalised, cached on the (frozen,
+    immutable) expectation: a partial run asks for the same few lengths again and again."""
+    cache = exp.__dict__.setdefault("_stacks", {})
+    if n not in cache:
+        cache[n] = np.stack([dtw.znorm(np.asarray(t[:n])) for t in exp.traces])
+    return cache[n]
 
 
 # --------------------------------------------------------------------------------------------

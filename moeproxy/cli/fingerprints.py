@@ -121,7 +121,8 @@ def build(trace_dirs: list[Path] = typer.Argument(..., help="Reproduction output
                f"strong threshold {report['strong_threshold']}")
 
 
-def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, campaign: dict | None = None) -> dict:
+def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, campaign: dict | None = None,
+                   twins: dict[str, Path] | None = None) -> dict:
     from rich.progress import track
 
     from moeproxy.signatures.build import fingerprint_from_trace_set, load_trace_dir
@@ -131,18 +132,23 @@ def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, camp
 
     fps = []
     try:
+        lib_twins = twins.get("lib") if twins else None
         for d in track(list(trace_dirs), description="building fingerprints", transient=True):
-            fps.append(fingerprint_from_trace_set(load_trace_dir(d), source=source))
+            fps.append(fingerprint_from_trace_set(load_trace_dir(d, twins_from=lib_twins), source=source))
         lib = FingerprintLibrary(tuple(fps), generator={"command": " ".join(map(shlex.quote, command)),
                                                          "created": datetime.now(UTC).isoformat()})
         cal_report = None
         if heldout:
             runs = []
+            held_twins = twins.get("heldout") if twins else None
+            seen_healthy: set[int] = set()
             for d in heldout:
-                ts = load_trace_dir(d)
+                ts = load_trace_dir(d, twins_from=held_twins)
                 runs += [LabelledRun(ts.fault_class, r) for r in ts.fault_runs.values()]
-                if ts.fault_class != "healthy":
-                    runs += [LabelledRun("healthy", r) for r in ts.healthy_runs.values()]
+                for seed, r in ts.healthy_runs.items():
+                    if ts.fault_class != "healthy" and seed not in seen_healthy:
+                        seen_healthy.add(seed)
+                        runs.append(LabelledRun("healthy", r))
             lib, cal_report = calibrate(lib, runs)
     except SignatureError as exc:
         raise _fail(str(exc)) from None
@@ -208,25 +214,38 @@ def generate(
             steps=steps, seeds=_ints(seeds), heldout_seeds=_ints(heldout_seeds))
     except CampaignError as exc:
         raise _fail(str(exc)) from None
-    jobs = campaign.jobs()
+    # The healthy twin of a seed is the same run for every fault (the engine is deterministic on
+    # CPU for a seed), so the campaign runs it once per seed and the fault jobs skip theirs.
+    jobs = [j for j in campaign.jobs() if j.fault_class != "healthy"]
+    from moeproxy.signatures.campaign import CampaignJob
+
+    healthy = CampaignJob("healthy")
     lib_dirs, held_dirs = [], []
-    for i, job in enumerate(jobs, start=1):
-        for seeds_, bucket, tag in ((campaign.seeds, lib_dirs, "lib"), (campaign.heldout_seeds, held_dirs, "heldout")):
-            if not seeds_:
-                continue
-            d = work / tag / job.slug
-            bucket.append(d)
-            if skip_existing and _complete(d, job.fault_class, seeds_):
-                continue
-            cmd = [sys.executable, "-c", "from moeproxy.cli import main; main()", "reproduce", "--model", str(model), "--fault", job.fault_class,
-                   *[a for k, v in job.params.items() for a in ("--param", f"{k}={v}")],
-                   "--steps", str(campaign.steps), "--seeds", ",".join(map(str, seeds_)), "--device", device,
-                   "--out", str(d), *extra]
-            typer.echo(f"[{i}/{len(jobs)}] {tag} {job.slug}: {' '.join(map(shlex.quote, cmd[3:]))}", err=True)
-            rc = subprocess.call(cmd)
-            if rc != 0:
-                raise _fail(f"`moeproxy reproduce` failed (exit {rc}) for {job.slug}")
-    report = _build_library(lib_dirs, out, held_dirs, source="proxy", command=sys.argv,
+    twins: dict[str, Path] = {}
+    plan = [(healthy, "lib", campaign.seeds), (healthy, "heldout", campaign.heldout_seeds)]
+    plan += [(j, tag, seeds_) for j in jobs for tag, seeds_ in (("lib", campaign.seeds),
+                                                                 ("heldout", campaign.heldout_seeds))]
+    for i, (job, tag, seeds_) in enumerate(plan, start=1):
+        if not seeds_:
+            continue
+        d = work / tag / job.slug
+        if job.fault_class == "healthy":
+            twins[tag] = d
+        (lib_dirs if tag == "lib" else held_dirs).append(d)
+        if skip_existing and _complete(d, job.fault_class, seeds_):
+            continue
+        params = dict(job.params)
+        variant = params.pop("variant", None)
+        cmd = [sys.executable, "-c", "from moeproxy.cli import main; main()", "reproduce", "--model", str(model),
+               "--fault", job.fault_class, *(["--variant", str(variant)] if variant else []),
+               *[a for k, v in params.items() for a in ("--param", f"{k}={v}")],
+               "--steps", str(campaign.steps), "--seeds", ",".join(map(str, seeds_)), "--device", device,
+               "--no-healthy", "--quiet", "--out", str(d), *extra]
+        typer.echo(f"[{i}/{len(plan)}] {tag} {job.slug}: {' '.join(map(shlex.quote, cmd[3:]))}", err=True)
+        rc = subprocess.call(cmd)
+        if rc != 0:
+            raise _fail(f"`moeproxy reproduce` failed (exit {rc}) for {job.slug}")
+    report = _build_library(lib_dirs, out, held_dirs, source="proxy", command=sys.argv, twins=twins,
                             campaign={**campaign.to_dict(), "model": str(model), "device": device})
     typer.echo(json.dumps(report, indent=1) if as_json else
                f"wrote {report['library']}: {report['fingerprints']} fingerprints, "
