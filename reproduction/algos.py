@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
 from moeproxy.reproduction.errors import InvalidEngineConfig
 
 #: verl clamps the log-ratio inside low_var_kl and the policy loss to this range.

@@ -19,7 +19,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -203,7 +203,7 @@ class LocalTorchBackend:
         on_step: StepListener | None = None,
     ) -> RunResult:
         config = config or EngineConfig()
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         t0 = time.perf_counter()
         out = Path(out_dir) if out_dir is not None else None
         if out is not None:
@@ -219,7 +219,7 @@ class LocalTorchBackend:
             for label, spec in runs:
                 listener = None
                 if on_step is not None:
-                    listener = lambda k, v, _l=label, _s=seed: on_step(_l, _s, k, v)  # noqa: E731
+                    listener = lambda k, v, _l=label, _s=seed: on_step(_l, _s, k, v)
                 trace, info = self.run_one(model, spec, seed, steps, config=config, device=device, on_step=listener)
                 described = info
                 traces[(label, seed)] = trace

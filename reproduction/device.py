@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import TYPE_CHECKING
 
 from moeproxy.reproduction.errors import DeviceUnavailable
@@ -89,7 +89,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, canonical)
 
 
-@lru_cache(maxsize=None)
+@cache
 def dtype_supported(device: str, dtype: str) -> bool:
     """Whether a matmul and a log-softmax run in ``dtype`` on ``device`` (checked once, cached)."""
     import torch

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
 from moeproxy.reproduction import device as devmod
 from moeproxy.reproduction.algos import grpo_advantages
 from moeproxy.reproduction.config import EngineConfig

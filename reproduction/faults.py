@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-
 from moeproxy.reproduction.algos import low_var_kl_unclamped
 from moeproxy.reproduction.catalogue import FAULT_CLASSES
 from moeproxy.reproduction.errors import InvalidFaultParams, UnknownFault
@@ -606,7 +605,7 @@ class RewardLabelNoise(FaultInjector):
     def reward(self, step, examples, completions, scores):
         if not self.active(step):
             return scores
-        flip = torch.rand(len(scores), generator=self.ctx.generator).tolist()
+        flip = torch.rand(len(scores), generator=self.ctx.generator, device=self.ctx.generator.device).tolist()
         return [1.0 - s if u < float(self.p("magnitude")) else s for s, u in zip(scores, flip)]
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 from moeproxy.reproduction.algos import SAFETY_BOUND, masked_mean, masked_sum
 
 #: Names every step record carries (tests check them against SPEC section 4 / verl).

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from moeproxy.reproduction.errors import ModelLoadError
 
 #: hook(layer, logits) -> logits, applied on one copy before top-k

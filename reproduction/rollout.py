@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from moeproxy.reproduction.hooks import FaultContext, Injector, SyncPlan
 from moeproxy.reproduction.policy import Policy
 
@@ -69,8 +68,9 @@ class RolloutEngine:
         self.temperature = temperature
 
     @torch.no_grad()
-    def load_weights(self, source: Policy, plan: SyncPlan = SyncPlan()) -> int:
+    def load_weights(self, source: Policy, plan: SyncPlan | None = None) -> int:
         """The explicit trainer -> rollout weight transfer; returns how many tensors were copied."""
+        plan = plan or SyncPlan()
         if not plan.enabled:
             return 0
         mine = dict(self.policy.model.named_parameters())

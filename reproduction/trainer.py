@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
 from moeproxy.reproduction import algos
 from moeproxy.reproduction.config import EngineConfig, lr_at
 from moeproxy.reproduction.hooks import Injector
@@ -34,7 +33,7 @@ class TrainBatch:
     rollout_log_probs: torch.Tensor  # [B, R]
 
     def rows(self, idx: slice) -> TrainBatch:
-        pick = lambda t: None if t is None else t[idx]  # noqa: E731
+        pick = lambda t: None if t is None else t[idx]
         return TrainBatch(*(pick(getattr(self, f)) for f in self.__dataclass_fields__))
 
 

@@ -16,7 +16,6 @@ WARM_TASKS = ("counting", "brackets")
 
 def warm_tiny(out: Path, *, arch: str = "qwen3_moe", seed: int = 0, sft_steps: int = 300, **overrides) -> Path:
     import torch
-
     from moeproxy.reproduction.tasks import format_text, make_split
     from moeproxy.reproduction.tokenizer import VOCAB_SIZE, build_tokenizer
     from tiny_models import build_model

@@ -11,11 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from repro_models import cached_warm_tiny, small_config  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
-
-from moeproxy.reproduction import algos  # noqa: E402
-from moeproxy.reproduction.backend import (  # noqa: E402
+from moeproxy.reproduction import algos
+from moeproxy.reproduction.backend import (
     LocalTorchBackend,
     ModelSpec,
     load_manifest,
@@ -23,19 +20,21 @@ from moeproxy.reproduction.backend import (  # noqa: E402
     traces_equal,
     write_trace,
 )
-from moeproxy.reproduction.config import EngineConfig, lr_at  # noqa: E402
-from moeproxy.reproduction.device import (  # noqa: E402
+from moeproxy.reproduction.config import EngineConfig, lr_at
+from moeproxy.reproduction.device import (
     dtype_supported,
     peak_memory_mb,
     reset_peak,
     resolve_device,
 )
-from moeproxy.reproduction.engine import GRPOEngine  # noqa: E402
-from moeproxy.reproduction.errors import DeviceUnavailable, InvalidEngineConfig  # noqa: E402
-from moeproxy.reproduction.faults import FaultSpec  # noqa: E402
-from moeproxy.reproduction.hooks import SyncPlan  # noqa: E402
-from moeproxy.reproduction.metrics import STEP_METRICS  # noqa: E402
-from moeproxy.reproduction.trainer import response_log_probs  # noqa: E402
+from moeproxy.reproduction.engine import GRPOEngine
+from moeproxy.reproduction.errors import DeviceUnavailable, InvalidEngineConfig
+from moeproxy.reproduction.faults import FaultSpec
+from moeproxy.reproduction.hooks import SyncPlan
+from moeproxy.reproduction.metrics import STEP_METRICS
+from moeproxy.reproduction.trainer import response_log_probs
+from repro_models import cached_warm_tiny, small_config
+from typer.testing import CliRunner
 
 torch.set_num_threads(1)
 
@@ -320,7 +319,7 @@ def test_post_streams_every_step_to_the_service_over_http(warm, tmp_path):
             self.end_headers()
             self.wfile.write(data)
 
-        def do_POST(self):  # noqa: N802 - http.server's name
+        def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received["auth"].append(self.headers.get("Authorization"))
             if self.path == "/api/v1/runs":
@@ -330,7 +329,7 @@ def test_post_streams_every_step_to_the_service_over_http(warm, tmp_path):
                 received["metrics"].append((self.path, body))
                 self._reply(200, {"accepted": sum(len(s["values"]) for s in body["steps"])})
 
-        def do_PATCH(self):  # noqa: N802
+        def do_PATCH(self):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             self._reply(200, {})
 

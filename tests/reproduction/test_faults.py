@@ -13,13 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from repro_models import cached_warm_tiny, small_config  # noqa: E402
-
-from moeproxy.reproduction import algos  # noqa: E402
-from moeproxy.reproduction.catalogue import FAULT_CLASSES  # noqa: E402
-from moeproxy.reproduction.engine import GRPOEngine  # noqa: E402
-from moeproxy.reproduction.errors import InvalidFaultParams, UnknownFault  # noqa: E402
-from moeproxy.reproduction.faults import INJECTORS, FaultSpec, catalogue_coverage, make_injector  # noqa: E402
+from moeproxy.reproduction import algos
+from moeproxy.reproduction.catalogue import FAULT_CLASSES
+from moeproxy.reproduction.engine import GRPOEngine
+from moeproxy.reproduction.errors import InvalidFaultParams, UnknownFault
+from moeproxy.reproduction.faults import INJECTORS, FaultSpec, catalogue_coverage, make_injector
+from repro_models import cached_warm_tiny, small_config
 
 torch.set_num_threads(1)
 STEPS = 4
@@ -225,7 +224,7 @@ def test_unclamped_low_var_kl_swaps_the_estimator():
     inj = make_injector(FaultSpec("kl_misconfiguration", "low_var_kl_unclamped", {"onset": 2}))
     fn = algos.kl_estimator("low_var_kl")
     assert inj.kl(0, 0.01, fn) == (0.01, fn)
-    coef, est = inj.kl(2, 0.01, fn)
+    _, est = inj.kl(2, 0.01, fn)
     assert est is algos.low_var_kl_unclamped
     far = est(torch.tensor([-40.0]), torch.tensor([0.0]))
     assert far.item() > 1e15 and fn(torch.tensor([-40.0]), torch.tensor([0.0])).item() == 10.0
