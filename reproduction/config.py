@@ -60,7 +60,7 @@ class EngineConfig:
     tasks: tuple[str, ...] | None = None
     prompt_split: str = "train"
     # execution
-    experts_implementation: str | None = None  # transformers' "eager" / "grouped_mm"; None = model default
+    experts_implementation: str | None = "grouped_mm"  # transformers 5 kernel; None = the checkpoint default (eager loop)
     threads: int = 1
 
     def __post_init__(self) -> None:
