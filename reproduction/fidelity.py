@@ -311,24 +311,50 @@ def parameter_count(model) -> int:
 
 
 _MEMORY_PROBE = r"""
-import json, resource, sys, torch
+import json, sys, torch
 torch.set_num_threads(1)
 from transformers import AutoModelForCausalLM, AutoTokenizer
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def status_kb(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+import ctypes, gc
 tok = AutoTokenizer.from_pretrained(sys.argv[1]); tok.padding_side = "left"
 prompts = json.loads(sys.argv[2])
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
 enc = tok(prompts, padding=True, return_tensors="pt")
-with torch.no_grad():
-    model.generate(**enc, max_new_tokens=9, do_sample=False, pad_token_id=tok.pad_token_id)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"peak_mb": (peak - base) / 1024}))
+
+def load_and_generate():
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.generate(**enc, max_new_tokens=9, do_sample=False, pad_token_id=tok.pad_token_id)
+    return model
+
+# A first round pulls in the lazily imported modelling code and warms caches; its memory is freed
+# and handed back before the measured round.
+del_model = load_and_generate()
+del del_model
+gc.collect()
+try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+except OSError:
+    pass
+try:  # reset the high-water mark so import-time peaks do not hide the model (Linux >= 4.0)
+    open("/proc/self/clear_refs", "w").write("5")
+    reset = True
+except OSError:
+    reset = False
+base = status_kb("VmRSS")
+model = load_and_generate()
+print(json.dumps({"peak_mb": (status_kb("VmHWM") - base) / 1024, "hwm_reset": reset}))
 """
 
 
 def measure_peak_memory_mb(path: Path | str, prompts: Sequence[str]) -> float:
-    """Peak resident memory a fresh process adds to load the checkpoint (fp32) and generate a batch
-    (RSS high-water mark after minus before, so the interpreter and libraries cancel out)."""
+    """Peak resident memory a fresh process adds to load the checkpoint (fp32) and generate a batch:
+    the RSS high-water mark (reset after the imports) minus the RSS before loading, so the
+    interpreter and libraries cancel out."""
     res = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(path), json.dumps(list(prompts))],
                          capture_output=True, text=True, check=True, env=_one_thread_env())
     return float(json.loads(res.stdout.strip().splitlines()[-1])["peak_mb"])
@@ -390,6 +416,7 @@ class ModelRun:
     capture: Capture
     parameters: int
     cost: dict[str, float] = field(default_factory=dict)
+    correct: list[float] = field(default_factory=list)  # per generation prompt, in heldout_sets order
 
     def summary(self) -> dict[str, Any]:
         acc = {t: v["accuracy"] for t, v in self.accuracy.items()}
@@ -423,7 +450,8 @@ def evaluate_model(path: Path | str, settings: EvalSettings, tokenizer=None,
     prompts, kl_texts = heldout_sets(settings)
     completions = generate_completions(model, tokenizer, prompts, settings.batch_size, progress=progress)
     cap = capture(model, tokenizer, kl_texts, progress=progress)
-    run = ModelRun(path, model, task_accuracy(prompts, completions), cap, parameter_count(model))
+    run = ModelRun(path, model, task_accuracy(prompts, completions), cap, parameter_count(model),
+                   correct=[reward(e, c) for e, c in zip(prompts, completions)])
     if settings.measure_cost:
         sample = throughput_sample(settings)
         if progress:

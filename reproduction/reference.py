@@ -166,10 +166,12 @@ class ReferenceModel:
 REFERENCE_MODELS: dict[str, ReferenceModel] = {
     m.name: m
     for m in (
-        ReferenceModel("qwen3-moe-64e", "qwen3_moe", TrainingRecipe(steps=5000, lr=3e-3, aux_loss_coef=0.02, seed=0)),
+        ReferenceModel("qwen3-moe-64e", "qwen3_moe",
+                       TrainingRecipe(steps=1800, lr=4e-3, warmup_steps=100, aux_loss_coef=0.02, seed=0)),
         ReferenceModel(
             "deepseek-v3-64e", "deepseek_v3",
-            TrainingRecipe(steps=6000, seed=0, aux_loss_coef=0.001, bias_update_speed=1e-3),
+            TrainingRecipe(steps=1800, lr=4e-3, warmup_steps=100, seed=0, aux_loss_coef=0.001,
+                           bias_update_speed=1e-3),
         ),
     )
 }

@@ -76,17 +76,17 @@ class TaskFamily:
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _DIGITS = "0123456789"
-_COUNT_ALPHABET = "abcd"
+_COUNT_ALPHABET = "abc"
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
 
 
 def _addition(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randrange(1000), rng.randrange(1000)
+    a, b = rng.randrange(100), rng.randrange(100)
     return f"{a}+{b}=", str(a + b)
 
 
 def _subtraction(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randrange(1000), rng.randrange(1000)
+    a, b = rng.randrange(100), rng.randrange(100)
     a, b = max(a, b), min(a, b)  # non-negative results keep answers short
     return f"{a}-{b}=", str(a - b)
 
@@ -108,7 +108,7 @@ def _sorting(rng: random.Random) -> tuple[str, str]:
 
 def _counting(rng: random.Random) -> tuple[str, str]:
     target = rng.choice(_COUNT_ALPHABET)
-    s = "".join(rng.choice(_COUNT_ALPHABET) for _ in range(rng.randint(4, 12)))
+    s = "".join(rng.choice(_COUNT_ALPHABET) for _ in range(rng.randint(3, 9)))
     return f"count {target}:{s}=", str(s.count(target))
 
 
@@ -150,12 +150,12 @@ def _brackets(rng: random.Random) -> tuple[str, str]:
 TASKS: dict[str, TaskFamily] = {
     f.name: f
     for f in (
-        TaskFamily("addition", "sum of two numbers below 1000", _addition),
-        TaskFamily("subtraction", "difference a-b of two numbers below 1000 with a >= b", _subtraction),
+        TaskFamily("addition", "sum of two numbers below 100", _addition),
+        TaskFamily("subtraction", "difference a-b of two numbers below 100 with a >= b", _subtraction),
         TaskFamily("multiplication", "product of a number below 1000 and a digit", _multiplication),
         TaskFamily("reversal", "a string of 3-7 letters reversed", _reversal),
         TaskFamily("sorting", "the digits of a 3-8 digit string in ascending order", _sorting),
-        TaskFamily("counting", "occurrences of a letter in a 4-12 letter string over abcd", _counting),
+        TaskFamily("counting", "occurrences of a letter in a 3-9 letter string over abc", _counting),
         TaskFamily("brackets", "whether a ()[]{} sequence of 4-6 pairs is balanced: yes or no", _brackets),
     )
 }

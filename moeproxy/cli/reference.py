@@ -97,6 +97,12 @@ def _train_and_save(arch, recipe, overrides, out: Path, threads: int, eval_promp
 
     def checkpoint(step: int, model, tokenizer) -> None:
         # A quick held-out look while training runs (50 prompts per task); the final figure is below.
+        # The weights so far go to OUT/partial so a stopped run leaves a usable checkpoint.
+        import copy
+
+        partial = copy.deepcopy(model).to(getattr(torch, recipe.save_dtype))
+        partial.save_pretrained(out / "partial")
+        tokenizer.save_pretrained(out / "partial")
         acc = heldout_accuracy(model, tokenizer, 50, save_dtype=recipe.save_dtype, seed=1)
         bar.write(f"step {step}: held-out accuracy " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()
                                                                  if k != "n_per_task"))
@@ -108,6 +114,9 @@ def _train_and_save(arch, recipe, overrides, out: Path, threads: int, eval_promp
     if eval_prompts:
         extra["heldout_accuracy"] = heldout_accuracy(result.model, result.tokenizer, eval_prompts,
                                                      save_dtype=recipe.save_dtype)
+    import shutil
+
+    shutil.rmtree(out / "partial", ignore_errors=True)
     save_checkpoint(result, out, recipe, extra)
     size_mb = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     summary = {"out": str(out), "arch": arch, "train_time_s": round(result.train_time_s, 1),
