@@ -49,7 +49,12 @@ FAULT_CLASSES: dict[str, FaultClass] = {
             "optimizer step silently skipped (grad accumulation of 0, update_successful False, LR 0 at first step)",
             "reward improvement suppressed; ppo_kl ~ 0; grad_norm normal or 0; loss not decreasing",
             ("skip_step", "zero_grad", "nonfinite_grad_norm"),
-            (_E("critic/score/mean", 0, "no improvement"), _E("actor/ppo_kl", 0, "~0")),
+            (
+                _E("critic/score/mean", 0, "no improvement"),
+                _E("actor/ppo_kl", 0, "exactly 0 when the step is skipped (skip_step, nonfinite_grad_norm)"),
+                _E("actor/kl_loss", -1, "the policy stays at the reference"),
+                _E("actor/grad_norm", 0, "normal (skip_step), 0 (zero_grad) or NaN (nonfinite_grad_norm)"),
+            ),
         ),
         FaultClass(
             "stale_weight_sync",
@@ -71,9 +76,12 @@ FAULT_CLASSES: dict[str, FaultClass] = {
             "shift in rollout-training logp discrepancy and rise in KL; clip fraction non-zero from step 0",
             ("bf16", "fp16"),
             (
-                _E("training/rollout_probs_diff_mean", 1),
-                _E("rollout_corr/kl", 1),
-                _E("actor/pg_clipfrac", 1),
+                _E("training/rollout_probs_diff_mean", 1, "from the onset, flat (no drift)"),
+                _E("rollout_corr/k3_kl", 1),
+                _E(
+                    "actor/pg_clipfrac", 0,
+                    "unchanged with trainer-recomputed old log-probs (verl default); rises in bypass mode",
+                ),
             ),
         ),
         FaultClass(
@@ -102,7 +110,11 @@ FAULT_CLASSES: dict[str, FaultClass] = {
             "router weights damaged or re-initialised",
             "expert-utilisation collapse/shift, entropy change, reward drop",
             ("downcast_bf16", "noise", "reinit_rows"),
-            (_E("moe/expert_entropy", -1), _E("critic/score/mean", -1)),
+            (
+                _E("moe/expert_entropy", 1, "shifts at the onset: up for noise, down for reinit_rows (measured)"),
+                _E("actor/kl_loss", 1, "the damaged policy is far from the (undamaged) reference"),
+                _E("critic/score/mean", -1),
+            ),
         ),
         FaultClass(
             "gradient_overflow",
@@ -120,6 +132,7 @@ FAULT_CLASSES: dict[str, FaultClass] = {
             ("lr_multiplier", "no_warmup"),
             (
                 _E("actor/lr", 1),
+                _E("actor/ppo_kl", 1),
                 _E("actor/kl_loss", 1),
                 _E("actor/entropy", -1),
                 _E("critic/score/mean", -1),
@@ -139,7 +152,10 @@ FAULT_CLASSES: dict[str, FaultClass] = {
             "reward function broken or noisy",
             "reward variance changes, zero-variance groups, advantage collapse",
             ("component_zero", "truncated", "label_noise", "constant"),
-            (_E("critic/score/mean", -1),),
+            (
+                _E("critic/score/mean", -1, "label_noise moves it toward 0.5 instead"),
+                _E("critic/advantages/max", -1, "zero-variance groups: advantages collapse to 0 (constant)"),
+            ),
         ),
         FaultClass(
             "healthy",
