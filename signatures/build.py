@@ -28,8 +28,10 @@ from moeproxy.signatures.errors import InvalidRun, UnknownFaultClass
 from moeproxy.signatures.features import DEFAULT_PARAMS, RunSignature, SignatureParams, run_signature
 from moeproxy.signatures.fingerprint import Fingerprint, MetricExpectation
 
-#: Metrics that describe the machine, not the training: never part of a fingerprint.
-EXCLUDED_METRICS = frozenset({"step_time_s", "peak_memory_mb", "timing_s/step", "perf/peak_memory_mb"})
+#: Metrics that describe the machine, not the training: never part of a fingerprint (a proxy is
+#: faster and smaller by design, so its timings say nothing about the fault).
+EXCLUDED_METRICS = frozenset({"step_time_s", "peak_memory_mb"})
+EXCLUDED_PREFIXES = ("timing_s/", "timing/", "perf/")
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,8 @@ def _params_key(params: Mapping[str, Any]) -> str:
 
 def _common_metrics(sigs: Sequence[RunSignature]) -> list[str]:
     counts = Counter(m for s in sigs for m in s.metrics)
-    keep = [m for m, c in counts.items() if c * 2 >= len(sigs) and m not in EXCLUDED_METRICS]
+    keep = [m for m, c in counts.items() if c * 2 >= len(sigs) and m not in EXCLUDED_METRICS
+            and not m.startswith(EXCLUDED_PREFIXES)]
     return sorted(keep)
 
 

@@ -115,7 +115,7 @@ def build(trace_dirs: list[Path] = typer.Argument(..., help="Reproduction output
           source: str = typer.Option("proxy", "--source", help="Provenance source: proxy, original or synthetic."),
           as_json: bool = typer.Option(False, "--json")) -> None:
     """Build a library from existing reproduction traces (one fingerprint per directory)."""
-    report = _build_library(trace_dirs, out, heldout, source=source, command=sys.argv)
+    report = _build_library(trace_dirs, out, heldout, source=source, command=["moeproxy", *sys.argv[1:]])
     typer.echo(json.dumps(report, indent=1) if as_json else
                f"wrote {report['library']}: {report['fingerprints']} fingerprints, "
                f"strong threshold {report['strong_threshold']}")
@@ -145,6 +145,8 @@ def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, camp
             for d in heldout:
                 ts = load_trace_dir(d, twins_from=held_twins)
                 runs += [LabelledRun(ts.fault_class, r) for r in ts.fault_runs.values()]
+                if ts.fault_class == "healthy":
+                    seen_healthy.update(ts.fault_runs)
                 for seed, r in ts.healthy_runs.items():
                     if ts.fault_class != "healthy" and seed not in seen_healthy:
                         seen_healthy.add(seed)
@@ -245,7 +247,7 @@ def generate(
         rc = subprocess.call(cmd)
         if rc != 0:
             raise _fail(f"`moeproxy reproduce` failed (exit {rc}) for {job.slug}")
-    report = _build_library(lib_dirs, out, held_dirs, source="proxy", command=sys.argv, twins=twins,
+    report = _build_library(lib_dirs, out, held_dirs, source="proxy", command=["moeproxy", *sys.argv[1:]], twins=twins,
                             campaign={**campaign.to_dict(), "model": str(model), "device": device})
     typer.echo(json.dumps(report, indent=1) if as_json else
                f"wrote {report['library']}: {report['fingerprints']} fingerprints, "

@@ -4,7 +4,6 @@ synthetic traces with known answers (moeproxy.signatures.synthetic)."""
 from __future__ import annotations
 
 import pytest
-
 from moeproxy.signatures import dtw
 from moeproxy.signatures.build import build_fingerprint
 from moeproxy.signatures.fingerprint import FingerprintLibrary

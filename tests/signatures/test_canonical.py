@@ -3,7 +3,6 @@ import math
 
 import numpy as np
 import pytest
-
 from moeproxy.signatures.canonical import RunMetrics, canonicalise, load_run, parse_value, step_grid
 from moeproxy.signatures.errors import InvalidRun
 from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, alias_index, canonical_name

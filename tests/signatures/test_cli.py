@@ -1,11 +1,11 @@
 import json
 
 import pytest
+from moeproxy.signatures.fingerprint import save_library
+from moeproxy.signatures.synthetic import synthetic_run
 from typer.testing import CliRunner
 
 from moeproxy.cli import app
-from moeproxy.signatures.fingerprint import save_library
-from moeproxy.signatures.synthetic import synthetic_run
 
 runner = CliRunner()
 

@@ -1,5 +1,4 @@
 import numpy as np
-
 from moeproxy.signatures.canonical import MetricSeries, RunMetrics
 from moeproxy.signatures.consistency import consistency
 from moeproxy.signatures.synthetic import synthetic_run

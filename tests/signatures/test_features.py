@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-
 from moeproxy.signatures.canonical import RunMetrics, canonicalise
 from moeproxy.signatures.features import run_signature
 

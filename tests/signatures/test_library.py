@@ -2,7 +2,6 @@ import copy
 import json
 
 import pytest
-
 from moeproxy.signatures.errors import InvalidLibrary
 from moeproxy.signatures.fingerprint import (
     FORMAT_VERSION,

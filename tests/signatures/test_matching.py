@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-
 from moeproxy.signatures.calibrate import LabelledRun, calibrate
 from moeproxy.signatures.matching import triage
 from moeproxy.signatures.synthetic import synthetic_run
@@ -8,7 +7,7 @@ from moeproxy.signatures.synthetic import synthetic_run
 from .conftest import CLASSES
 
 # Held out: seeds, onsets, magnitudes, lengths and scale not used to build the library.
-HELDOUT = dict(steps=64, onset=23, magnitude=1.4, scale=3.0)
+HELDOUT = {"steps": 64, "onset": 23, "magnitude": 1.4, "scale": 3.0}
 
 
 @pytest.mark.parametrize("fault_class", CLASSES)
