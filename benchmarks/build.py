@@ -282,10 +282,15 @@ def main() -> None:
     ap.add_argument("--fidelity-model", type=Path, help="Only run the fidelity comparison, on this checkpoint.")
     ap.add_argument("--fidelity-calibration", default="synthetic:tasks")
     ap.add_argument("--fidelity-keep", type=int, default=None)
+    ap.add_argument("--ablation-steps", type=int, default=0,
+                    help="Only run the method ablation on a Qwen3-MoE trained this many steps.")
     args = ap.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     if args.fidelity_model is not None:
         _fidelity_only(args)
+        return
+    if args.ablation_steps:
+        _merge_result("ablation", run_ablation(args.root, args.ablation_steps, (16, 32)))
         return
 
     t = time.perf_counter()
@@ -315,6 +320,69 @@ def main() -> None:
     print(f"wrote {RESULTS}")
 
 
+ABLATION_VARIANTS: dict[str, dict] = {
+    "three_view": {"method": "three_view"},
+    "three_view/medoid": {"method": "three_view", "representative": "medoid"},
+    "three_view_unweighted": {"method": "three_view_unweighted"},
+    "router": {"method": "router"},
+    "coact_proto": {"method": "coact_proto"},
+    "frequency": {"method": "frequency"},
+    "random": {"method": "random"},
+    "first_k": {"method": "first_k"},
+}
+
+
+def run_ablation(root: Path, steps: int, keeps: tuple[int, ...]) -> dict:
+    """Selection methods and representative rules on a briefly trained Qwen3-MoE reference recipe.
+
+    Trains the reproduction stage's Qwen3-MoE recipe (64 experts, top-4) for ``steps``
+    steps under ``root``, builds a proxy per variant and keep, and scores it with the
+    evaluation harness (held-out task accuracy, retention, next-token KL).
+    """
+    import torch
+    from moeproxy.proxy_builder.build import build_proxy
+    from moeproxy.reproduction.fidelity import EvalSettings, evaluate_pair
+    from moeproxy.reproduction.reference import TrainingRecipe, save_checkpoint, train_model
+    from moeproxy.reproduction.tasks import calibration_corpus
+
+    torch.set_num_threads(1)
+    original = root / f"ablation-qwen3-{steps}"
+    recipe = TrainingRecipe(steps=steps, batch_size=32, lr=3e-3, warmup_steps=50, save_dtype="float32")
+    if not (original / "config.json").is_file():
+        result = train_model("qwen3_moe", recipe, log_every=100,
+                             progress=lambda step, m: print(f"train step {step} loss {m['loss']:.3f}", flush=True))
+        save_checkpoint(result, original, recipe, {"arch": "qwen3_moe"})
+    settings = EvalSettings(prompts_per_task=60, kl_texts_per_task=20, batch_size=128, measure_cost=False)
+    calibration = calibration_corpus(1500, seed=0)
+    rows: dict[str, dict] = {}
+    for keep in keeps:
+        for name, variant in ABLATION_VARIANTS.items():
+            out = root / f"ablation-{steps}-{keep}-{name.replace('/', '_')}"
+            if not out.exists():
+                build_proxy(original, out, keep=keep, calibration=calibration, max_tokens=20000, seq_len=64,
+                            batch_size=32, **variant)  # fmt: skip
+            rep = evaluate_pair(original, out, settings)
+            rows[f"{keep}:{name}"] = {
+                "keep": keep,
+                "variant": name,
+                "original_accuracy": rep["original"]["mean_accuracy"],
+                "proxy_accuracy": rep["proxy"]["mean_accuracy"],
+                "retention": rep["retention"],
+                "kl": rep["kl"],
+            }
+            print(f"ablation keep {keep:3} {name:22} acc {rows[f'{keep}:{name}']['proxy_accuracy']:.3f} "
+                  f"(original {rep['original']['mean_accuracy']:.3f}) KL {rep['kl']:.4f}", flush=True)  # fmt: skip
+    return {"steps": steps, "batch_size": recipe.batch_size, "prompts_per_task": settings.prompts_per_task,
+            "rows": rows}  # fmt: skip
+
+
+def _merge_result(key: str, value: dict) -> None:
+    result = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    result[key] = value
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def _fidelity_only(args) -> None:
     """Add a fidelity table for a given (e.g. trained reference) model to the results file."""
     config = json.loads((args.fidelity_model / "config.json").read_text())
@@ -322,10 +390,9 @@ def _fidelity_only(args) -> None:
 
     keep = args.fidelity_keep or architecture_for(config).expert_count(config) // 4
     fidelity = bench_fidelity(args.fidelity_model, keep, 8192, 2048, 128, calibration=args.fidelity_calibration)
-    result = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    result.setdefault("fidelity_models", {})[args.fidelity_model.name] = fidelity
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    models = json.loads(RESULTS.read_text()).get("fidelity_models", {}) if RESULTS.is_file() else {}
+    models[args.fidelity_model.name] = fidelity
+    _merge_result("fidelity_models", models)
     for name, row in fidelity["variants"].items():
         print(f"fidelity {name:22} KL {row['kl']:.4f}  routing mass kept {row['routing_mass_kept']:.3f}")
 
