@@ -36,23 +36,22 @@ KEY_METRICS = 6
 def decimate(
     steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS
 ) -> tuple[np.ndarray, np.ndarray]:
-    """At most ``max_points`` finite points: the min and the max of each bucket, in step order."""
+    """At most ``max_points`` finite points: the min and the max of each bucket of ``size``
+    consecutive points (``size = ceil(n / (max_points // 2))``), in step order."""
     finite = np.isfinite(values)
     steps, values = steps[finite], values[finite]
     n = values.size
     if n <= max_points:
         return steps, values
-    buckets = max(1, max_points // 2)
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    starts = edges[:-1]
-    # Index of the min and of the max inside each bucket, via reduceat on a (value, index) trick.
-    lo_idx = np.empty(buckets, dtype=np.int64)
-    hi_idx = np.empty(buckets, dtype=np.int64)
-    for b in range(buckets):  # buckets <= 500: a short loop over slices, each vectorised
-        seg = values[edges[b] : edges[b + 1]]
-        lo_idx[b] = starts[b] + int(np.argmin(seg))
-        hi_idx[b] = starts[b] + int(np.argmax(seg))
-    keep = np.unique(np.concatenate([lo_idx, hi_idx]))
+    size = -(-n // max(1, max_points // 2))
+    buckets = -(-n // size)
+    padded = np.full(buckets * size, np.inf)
+    padded[:n] = values
+    offsets = np.arange(buckets) * size
+    lo = offsets + np.argmin(padded.reshape(buckets, size), axis=1)
+    padded[n:] = -np.inf
+    hi = offsets + np.argmax(padded.reshape(buckets, size), axis=1)
+    keep = np.unique(np.concatenate([lo, hi]))
     return steps[keep], values[keep]
 
 

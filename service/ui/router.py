@@ -184,14 +184,16 @@ def _is_live(run) -> bool:
 
 
 def _figures(session, run, result) -> tuple[list[plots.MetricFigure], list[plots.MetricFigure]]:
-    series = metrics.read_metric_arrays(session, run.id)
+    series = queries.read_series(session, run.id)
     canonical_of = aliases.canonical_names(session, run.project_id, run.framework, list(series))
     details = result.details if result is not None else {}
     change_points = details.get("change_points", {})
     top = result.candidates[0].fault_class if result is not None and result.candidates else None
     # The top class's expected shape, plus those of other classes only when they are strong too:
     # weak runners-up aligned on their own onsets clutter the plot without telling anything.
-    shown = {top} | {c.fault_class for c in (result.candidates[1:] if result else []) if c.strength == "strong"}
+    shown = {top} | {
+        c.fault_class for c in (result.candidates[1:] if result else []) if c.strength == "strong"
+    }
     overlays = {cls: shapes for cls, shapes in details.get("overlays", {}).items() if cls in shown}
     top_metrics = (details.get("candidates", {}).get(top) or {}).get("metrics", [])
     evidence_metrics = [m["source"] for m in top_metrics if m.get("affected") and m.get("source") in series]

@@ -40,8 +40,11 @@ def test_strong_fault_alerts_once_through_429_and_500(fresh_database_url, finger
     receiver.script = [(429, {"Retry-After": "1"}), (500, {})]
     db = Database(fresh_database_url)
     settings = Settings(
-        database_url=fresh_database_url, fingerprints=fingerprint_library, triage_interval_s=0.2,
-        slack_webhook_url=receiver.url, public_url="http://triage.example",
+        database_url=fresh_database_url,
+        fingerprints=fingerprint_library,
+        triage_interval_s=0.2,
+        slack_webhook_url=receiver.url,
+        public_url="http://triage.example",
     )
     app = create_app(settings, database=db)
     with db.scope() as s:
@@ -50,10 +53,18 @@ def test_strong_fault_alerts_once_through_429_and_500(fresh_database_url, finger
     run = synthetic_run("gradient_overflow", steps=90, onset=30, seed=131)
     try:
         with TestClient(app) as client:
-            app.state.alert_outbox.policy = type(app.state.alert_outbox.policy)(base_s=0.05, max_backoff_s=0.2)
-            run_id = client.post("/api/v1/runs", json={"name": "fp16-run", "framework": "verl"}, headers=headers).json()["id"]
+            app.state.alert_outbox.policy = type(app.state.alert_outbox.policy)(
+                base_s=0.05, max_backoff_s=0.2
+            )
+            run_id = client.post(
+                "/api/v1/runs", json={"name": "fp16-run", "framework": "verl"}, headers=headers
+            ).json()["id"]
             for start in range(0, 90, 30):  # three batches: live triage re-evaluates as they arrive
-                client.post(f"/api/v1/runs/{run_id}/metrics", json=ingest_body(run, start=start, stop=start + 30), headers=headers)
+                client.post(
+                    f"/api/v1/runs/{run_id}/metrics",
+                    json=ingest_body(run, start=start, stop=start + 30),
+                    headers=headers,
+                )
                 time.sleep(0.3)
             assert wait_for(lambda: len(receiver.accepted) >= 1), [s.status for s in receiver.seen]
             # More evaluations of the same outcome send nothing more.

@@ -21,7 +21,9 @@ def plot_data(html: str) -> dict:
 
 
 def test_runs_list_newest_first_with_verdict_filters_and_pages(ui_client, auth, post_run):
-    faulty = post_run(synthetic_run("gradient_overflow", steps=70, onset=25, seed=121), "a-faulty", project="alpha")
+    faulty = post_run(
+        synthetic_run("gradient_overflow", steps=70, onset=25, seed=121), "a-faulty", project="alpha"
+    )
     ui_client.get(f"/api/v1/runs/{faulty}/triage", headers=auth("alpha"))  # evaluate it
     for i in range(3):
         ui_client.post("/api/v1/runs", json={"name": f"b-{i}"}, headers=auth("beta"))
@@ -34,9 +36,9 @@ def test_runs_list_newest_first_with_verdict_filters_and_pages(ui_client, auth, 
 
     alpha = ui_client.get("/?project=alpha").text
     assert re.findall(r'<a href="/runs/\d+">([^<]+)</a>', alpha) == ["a-faulty"]
-    assert re.findall(r'<a href="/runs/\d+">([^<]+)</a>', ui_client.get("/?verdict=gradient_overflow").text) == [
-        "a-faulty"
-    ]
+    assert re.findall(
+        r'<a href="/runs/\d+">([^<]+)</a>', ui_client.get("/?verdict=gradient_overflow").text
+    ) == ["a-faulty"]
     assert len(re.findall(r'<a href="/runs/\d+">', ui_client.get("/?verdict=none").text)) == 3
     assert re.findall(r'<a href="/runs/\d+">', ui_client.get("/?status=finished").text) == []
 
@@ -54,7 +56,9 @@ def test_run_page_plots_overlays_change_points_and_nonfinite(ui_client, auth, po
     data = plot_data(html)
     figures = {f["name"]: f for f in data["key"] + data["other"]}
     grad = figures["actor/grad_norm"]
-    assert grad["nonfinite"] and sum(grad["nonfinite"].values()) == int((~np.isfinite(run.series["actor/grad_norm"].values)).sum())
+    assert grad["nonfinite"] and sum(grad["nonfinite"].values()) == int(
+        (~np.isfinite(run.series["actor/grad_norm"].values)).sum()
+    )
     assert grad["change_points"]
     assert any(t["name"].startswith("expected: gradient_overflow") for f in data["key"] for t in f["traces"])
     assert 'data-live="1"' in html  # a running run polls for new evaluations
@@ -86,7 +90,8 @@ def test_plotly_is_served_from_the_installed_package(ui_client):
 @pytest.fixture
 def gated_client(database, fingerprint_library):
     app = create_app(
-        Settings(database_url="sqlite://", fingerprints=fingerprint_library, ui_token="s3cret"), database=database
+        Settings(database_url="sqlite://", fingerprints=fingerprint_library, ui_token="s3cret"),
+        database=database,
     )
     with TestClient(app) as client:
         yield client
@@ -102,7 +107,9 @@ def test_ui_token_gate(gated_client):
     assert wrong.status_code == 401 and "wrong token" in wrong.text
     assert "s3cret" not in wrong.text
 
-    ok = gated_client.post("/login", data={"token": "s3cret", "next": "//evil.example/"}, follow_redirects=False)
+    ok = gated_client.post(
+        "/login", data={"token": "s3cret", "next": "//evil.example/"}, follow_redirects=False
+    )
     assert ok.status_code == 303 and ok.headers["location"] == "/"  # no open redirect
     cookie = ok.cookies.get("moeproxy_ui")
     assert cookie and "s3cret" not in cookie
@@ -116,3 +123,27 @@ def test_ui_token_in_the_query_sets_the_cookie_and_leaves_the_url(gated_client):
     gated_client.cookies.clear()
     assert gated_client.get("/faults?token=wrong", follow_redirects=False).status_code == 303
 
+
+def test_page_read_path_matches_the_repository(database, auth, ui_client):
+    """The page's driver-level read (queries.read_series) against metrics.read_metric_arrays."""
+    from moeproxy.service.metrics import repository as metrics
+    from moeproxy.service.ui import queries
+
+    headers = auth()
+    run_id = ui_client.post("/api/v1/runs", json={"name": "values"}, headers=headers).json()["id"]
+    steps = [
+        {"step": s, "values": {"a": s * 0.5, "b": ["NaN", "Infinity", "-Infinity", 1e-300, -2.5][s % 5]}}
+        for s in range(0, 40, 3)
+    ]
+    steps.append({"step": 41, "values": {"c": 7}})
+    assert (
+        ui_client.post(f"/api/v1/runs/{run_id}/metrics", json={"steps": steps}, headers=headers).status_code
+        == 200
+    )
+    with database.scope() as s:
+        fast = queries.read_series(s, run_id)
+        reference = metrics.read_metric_arrays(s, run_id)
+    assert set(fast) == set(reference) == {"a", "b", "c"}
+    for name, (ref_steps, ref_values) in reference.items():
+        assert np.array_equal(fast[name][0], ref_steps) and fast[name][0].dtype == np.int64
+        assert np.array_equal(fast[name][1], ref_values, equal_nan=True)

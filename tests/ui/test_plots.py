@@ -12,13 +12,12 @@ from moeproxy.service.ui.plots import decimate, metric_figure, nonfinite_points,
 
 
 def naive_bucket_extremes(values: np.ndarray, max_points: int) -> set[int]:
-    buckets = max(1, max_points // 2)
-    edges = np.linspace(0, values.size, buckets + 1).astype(int)
+    size = math.ceil(values.size / (max_points // 2))
     keep = set()
-    for b in range(buckets):
-        seg = list(values[edges[b] : edges[b + 1]])
-        keep.add(edges[b] + seg.index(min(seg)))
-        keep.add(edges[b] + seg.index(max(seg)))
+    for start in range(0, values.size, size):
+        seg = list(values[start : start + size])
+        keep.add(start + seg.index(min(seg)))
+        keep.add(start + seg.index(max(seg)))
     return keep
 
 
@@ -52,16 +51,39 @@ def test_nonfinite_values_become_markers_not_line_points():
 
 def test_expected_shape_is_an_overlay_trace():
     fig = metric_figure(
-        "training/rollout_probs_diff_mean", np.arange(4), np.ones(4), canonical="rollout_train_logp_diff",
+        "training/rollout_probs_diff_mean",
+        np.arange(4),
+        np.ones(4),
+        canonical="rollout_train_logp_diff",
         expected={"rollout_logp_precision": {"steps": [1, 2], "values": [0.5, 0.7]}},
     )
-    assert fig.traces[1]["name"] == "expected: rollout_logp_precision" and fig.traces[1]["line"]["dash"] == "dash"
+    assert (
+        fig.traces[1]["name"] == "expected: rollout_logp_precision"
+        and fig.traces[1]["line"]["dash"] == "dash"
+    )
 
 
 def test_key_metrics_come_first():
-    names = ["zzz", "actor/entropy", "critic/score/mean", "training/rollout_probs_diff_mean", "actor/pg_clipfrac"]
-    canonical = {"actor/entropy": "entropy", "critic/score/mean": "reward_mean",
-                 "training/rollout_probs_diff_mean": "rollout_train_logp_diff", "actor/pg_clipfrac": "clip_frac"}
-    ordered = order_metrics(names, canonical, overlay_metrics=["actor/pg_clipfrac"], evidence_metrics=["actor/entropy"])
-    assert ordered == ["actor/pg_clipfrac", "actor/entropy", "critic/score/mean",
-                       "training/rollout_probs_diff_mean", "zzz"]
+    names = [
+        "zzz",
+        "actor/entropy",
+        "critic/score/mean",
+        "training/rollout_probs_diff_mean",
+        "actor/pg_clipfrac",
+    ]
+    canonical = {
+        "actor/entropy": "entropy",
+        "critic/score/mean": "reward_mean",
+        "training/rollout_probs_diff_mean": "rollout_train_logp_diff",
+        "actor/pg_clipfrac": "clip_frac",
+    }
+    ordered = order_metrics(
+        names, canonical, overlay_metrics=["actor/pg_clipfrac"], evidence_metrics=["actor/entropy"]
+    )
+    assert ordered == [
+        "actor/pg_clipfrac",
+        "actor/entropy",
+        "critic/score/mean",
+        "training/rollout_probs_diff_mean",
+        "zzz",
+    ]
