@@ -68,8 +68,8 @@ def stage_library(work: Path, proxy: Path, library: Path, campaign: Path) -> Non
 
 
 def heldout_jobs(campaign: Path) -> list[tuple[str, dict]]:
-    from moeproxy.reproduction.faults import injector_class
     from moeproxy.reproduction.catalogue import FAULT_CLASSES
+    from moeproxy.reproduction.faults import injector_class
 
     jobs = []
     for job in json.loads(campaign.read_text())["jobs"]:
