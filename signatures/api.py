@@ -11,6 +11,7 @@
     result.to_dict()                         # the SPEC section 5 triage object
     result.to_dict(details=True)             # + fingerprint id, per-metric scores, change points
     consistency(run_a, run_b).to_dict()      # POST /api/v1/consistency body
+    expected_traces(sig, library.get(candidate.fingerprint_id))   # plot overlays in run units
 
 Everything here is pure (numpy/scipy/tslearn/ruptures/statsmodels).
 """
@@ -29,7 +30,7 @@ from moeproxy.signatures.fingerprint import (
     resolve_library_path,
     save_library,
 )
-from moeproxy.signatures.matching import Candidate, TriageResult, triage
+from moeproxy.signatures.matching import Candidate, TriageResult, class_onset, expected_traces, triage
 
 __all__ = [
     "Candidate",
@@ -45,8 +46,10 @@ __all__ = [
     "TriageResult",
     "UnknownFaultClass",
     "canonicalise",
+    "class_onset",
     "consistency",
     "describe",
+    "expected_traces",
     "library_from_dict",
     "load_library",
     "load_run",

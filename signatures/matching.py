@@ -395,3 +395,30 @@ def _summary(fp: Fingerprint, s: FingerprintScore) -> str:
     if dir_ok >= 0.5:
         return f"partly matches {fp.fault_class}: {dir_ok:.0%} of its affected metrics move as expected"
     return f"weak resemblance to {fp.fault_class}: only {dir_ok:.0%} of its affected metrics move as expected"
+
+
+def expected_traces(sig: RunSignature, fp: Fingerprint) -> dict[str, dict[str, list]]:
+    """The fingerprint's expected shape of each affected metric in the run's own units and steps
+    (for plots): its mean effect trace, placed at the class onset this run is matched with, mapped
+    back from baseline units as ``level + trace * scale`` (the inverse of ``effect_trace``)."""
+    onset = class_onset(sig, fp) if fp.aligned else None
+    if onset is None:
+        return {}
+    steps = sig.run.steps
+    out: dict[str, dict[str, list]] = {}
+    for name in fp.affected_metrics:
+        exp = fp.metrics[name]
+        trace = exp.mean_trace()
+        if name not in sig.metrics or trace is None or trace.size == 0:
+            continue
+        series = sig.run.metrics[name]
+        lo = max(0, onset - fp.trace_pre)
+        base = series.values[lo:onset] if onset > lo else series.values[:1]
+        level = float(np.median(base))
+        scale = max(sig.metrics[name].baseline_scale, 1e-6 * abs(level) + 1e-12)
+        idx = np.arange(onset - fp.trace_pre, onset - fp.trace_pre + trace.size)
+        keep = (idx >= 0) & (idx < steps.size)
+        if keep.any():
+            out[series.source] = {"steps": steps[idx[keep]].tolist(),
+                                  "values": (level + trace[keep] * scale).tolist()}
+    return out

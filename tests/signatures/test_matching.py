@@ -85,3 +85,22 @@ def test_calibrated_threshold_reports_a_left_out_class_as_weak(synthetic_library
         own = triage(synthetic_run(c, seed=400, **HELDOUT), lib)
         assert own.candidates[0].fault_class == c
     assert np.mean(weak) >= 0.8
+
+
+def test_expected_traces_are_placed_at_the_matched_onset_in_run_units(synthetic_library):
+    from moeproxy.signatures.canonical import canonicalise
+    from moeproxy.signatures.features import run_signature
+    from moeproxy.signatures.matching import expected_traces
+
+    run = synthetic_run("rollout_logp_precision", seed=14, **HELDOUT)
+    sig = run_signature(canonicalise(run))
+    result = triage(sig, synthetic_library)
+    top = result.candidates[0]
+    shapes = expected_traces(sig, synthetic_library.get(top.fingerprint_id))
+    shape = shapes["training/rollout_probs_diff_mean"]
+    pre = synthetic_library.get(top.fingerprint_id).trace_pre
+    assert shape["steps"][pre] == top.onset_step == 23
+    observed = run.series["training/rollout_probs_diff_mean"].values
+    # before the onset the expected shape sits at the run's own baseline, after it well above
+    assert abs(np.median(shape["values"][:pre]) - np.median(observed[15:23])) < 3 * observed[:23].std()
+    assert np.median(shape["values"][pre + 2:]) > 5 * np.median(observed[:23])
