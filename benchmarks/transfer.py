@@ -51,18 +51,29 @@ def _finite(x) -> bool:
 
 
 def effect_of(fault: list[float], healthy: list[float], onset: int) -> dict:
-    """Direction (+1/−1/0/'nonfinite'), onset step and effect trace of one metric."""
-    post_f = fault[onset:]
-    if any(not _finite(x) for x in post_f) and all(_finite(x) for x in healthy[onset:]):
+    """Direction, onset step and effect trace (fault − healthy) of one metric.
+
+    Direction: ``nonfinite`` when the fault run turns NaN/inf and the twin does not; ``to_zero``
+    when the fault run sits at exactly 0 from the onset while the twin does not (ppo_kl of a
+    skipped update); else the sign of the mean effect after the onset when it exceeds twice its
+    standard error over those steps (training metrics are noisy step to step), otherwise 0.
+    Onset: the first step at which the twins differ (they are bit-identical before the fault)."""
+    post_f, post_h = fault[onset:], healthy[onset:]
+    if any(not _finite(x) for x in post_f) and all(_finite(x) for x in post_h):
         first = next(i for i, x in enumerate(fault) if not _finite(x))
         return {"direction": "nonfinite", "onset": first, "trace": None}
     eff = [(f - h) if _finite(f) and _finite(h) else float("nan") for f, h in zip(fault, healthy)]
-    scale = statistics.fmean(abs(h) for h in healthy if _finite(h)) if any(_finite(h) for h in healthy) else 0.0
-    tol = max(1e-3 * scale, 1e-9)
+    first = next((i for i, e in enumerate(eff) if _finite(e) and e != 0.0), None)
+    if all(x == 0.0 for x in post_f) and any(_finite(x) and x != 0.0 for x in post_h):
+        return {"direction": "to_zero", "onset": first, "trace": eff}
     post = [e for e in eff[onset:] if _finite(e)]
-    m = statistics.fmean(post) if post else 0.0
-    direction = 0 if abs(m) <= max(0.05 * scale, tol) else (1 if m > 0 else -1)
-    first = next((i for i, e in enumerate(eff) if _finite(e) and abs(e) > tol), None)
+    if len(post) < 2:
+        return {"direction": 0, "onset": first, "trace": eff}
+    m = statistics.fmean(post)
+    se = statistics.stdev(post) / math.sqrt(len(post))
+    scale = statistics.fmean(abs(h) for h in healthy if _finite(h)) if any(_finite(h) for h in healthy) else 0.0
+    significant = abs(m) > max(2 * se, 1e-3 * scale, 1e-12)
+    direction = (1 if m > 0 else -1) if significant else 0
     return {"direction": direction, "onset": first, "trace": eff}
 
 
@@ -138,6 +149,32 @@ def run_all(models: dict[str, Path], seeds: list[int], steps: int, onset: int, c
     return {"traces": traces, "costs": costs, "describe": info["model"]}
 
 
+def _pooled_direction(effs: list[dict], onset: int, healthy_scale: float) -> object:
+    """One label per (model, metric) from all seeds: non-finite / to_zero when every seed says so
+    (non-finite: a majority), else the 2-SE test on the seed-averaged effect trace."""
+    labels = [e["direction"] for e in effs]
+    if labels.count("nonfinite") * 2 > len(labels):
+        return "nonfinite"
+    if all(lbl == "to_zero" for lbl in labels):
+        return "to_zero"
+    traces = [e["trace"] for e in effs if e["trace"] is not None]
+    if not traces:
+        return "nonfinite"
+    mean = [statistics.fmean(v) for v in zip(*traces) if all(_finite(x) for x in v)][onset:]
+    if len(mean) < 2:
+        return 0
+    m, se = statistics.fmean(mean), statistics.stdev(mean) / math.sqrt(len(mean))
+    return (1 if m > 0 else -1) if abs(m) > max(2 * se, 1e-3 * healthy_scale, 1e-12) else 0
+
+
+def _agree(a: object, b: object, healthy_sign: int) -> bool:
+    """Equal labels, or 'to_zero' against the sign a fall to zero has (−sign of the healthy level)."""
+    if a == b:
+        return True
+    zero_as = -healthy_sign if healthy_sign else None
+    return (a == "to_zero" and b == zero_as) or (b == "to_zero" and a == zero_as)
+
+
 def analyse(res: dict, models: list[str], seeds: list[int], onset: int) -> dict:
     traces = res["traces"]
     rows = []
@@ -145,13 +182,19 @@ def analyse(res: dict, models: list[str], seeds: list[int], onset: int) -> dict:
         for metric in keys:
             row = {"class": cls, "variant": variant, "metric": metric}
             mean_eff: dict[str, list[float] | None] = {}
+            h0 = [r["values"].get(metric, float("nan")) for s in seeds for r in traces[(models[0], "healthy", s)][onset:]]
+            h0 = [x for x in h0 if _finite(x)]
+            h_level = statistics.fmean(h0) if h0 else 0.0
+            healthy_sign = (h_level > 0) - (h_level < 0)
             for m in models:
                 effs = []
+                scale = []
                 for s in seeds:
                     f = [r["values"].get(metric, float("nan")) for r in traces[(m, cls, s)]]
                     h = [r["values"].get(metric, float("nan")) for r in traces[(m, "healthy", s)]]
                     effs.append(effect_of(f, h, onset))
-                row[f"{m}_direction"] = majority([e["direction"] for e in effs])
+                    scale += [abs(x) for x in h if _finite(x)]
+                row[f"{m}_direction"] = _pooled_direction(effs, onset, statistics.fmean(scale) if scale else 0.0)
                 row[f"{m}_directions"] = [e["direction"] for e in effs]
                 ons = [e["onset"] for e in effs if e["onset"] is not None]
                 row[f"{m}_onset"] = int(statistics.median(ons)) if ons else None
@@ -159,7 +202,7 @@ def analyse(res: dict, models: list[str], seeds: list[int], onset: int) -> dict:
                 mean_eff[m] = [statistics.fmean(v) if all(_finite(x) for x in v) else float("nan")
                                for v in zip(*tr)] if tr else None
             for m in models[1:]:
-                row[f"{m}_direction_agrees"] = row[f"{m}_direction"] == row[f"{models[0]}_direction"]
+                row[f"{m}_direction_agrees"] = _agree(row[f"{models[0]}_direction"], row[f"{m}_direction"], healthy_sign)
                 o0, om = row[f"{models[0]}_onset"], row[f"{m}_onset"]
                 row[f"{m}_onset_within_2"] = (o0 is None and om is None) or (
                     o0 is not None and om is not None and abs(o0 - om) <= 2)
@@ -174,6 +217,9 @@ def analyse(res: dict, models: list[str], seeds: list[int], onset: int) -> dict:
             "onset_within_2": sum(r[f"{m}_onset_within_2"] for r in rows) / len(rows),
             "effect_corr_median": _nanmedian([r[f"{m}_effect_corr"] for r in rows]),
         }
+        if verdicts:
+            vs = [v for k, seeds_v in verdicts.items() if k.endswith("/" + m) for v in seeds_v]
+            summary[m]["consistency_verdicts"] = {v: vs.count(v) for v in sorted(set(vs))}
     return {"rows": rows, "summary": summary, "consistency": verdicts}
 
 
@@ -277,10 +323,26 @@ def markdown(result: dict) -> str:
              + " | " + " | ".join(f"{m} corr" for m in models[1:]) + " |",
              "|---|---|" + "---|" * (len(models) + len(models) - 1)]
     for r in result["analysis"]["rows"]:
-        cells = [f"{r[f'{m}_direction']} / {r[f'{m}_onset']}" for m in models]
+        cells = [f"{r[f'{models[0]}_direction']} / {r[f'{models[0]}_onset']}"] + [
+            f"{r[f'{m}_direction']} / {r[f'{m}_onset']}" + ("" if r[f"{m}_direction_agrees"] else " ✗")
+            for m in models[1:]]
         corr = [f"{r[f'{m}_effect_corr']:.2f}" for m in models[1:]]
         lines.append(f"| {r['class']} ({r['variant']}) | {r['metric']} | " + " | ".join(cells) + " | " + " | ".join(corr) + " |")
     return "\n".join(lines)
+
+
+def reanalyse(work: Path, out: Path) -> int:
+    result = json.loads(out.read_text())
+    raw = json.loads((work / "traces.json").read_text())
+    traces = {}
+    for key, trace in raw.items():
+        m, c, sd = key.split("|")
+        traces[(m, c, int(sd))] = trace
+    result["analysis"] = analyse({"traces": traces}, result["models"], result["seeds"], result["onset"])
+    out.write_text(json.dumps(result, indent=2, allow_nan=True) + "\n")
+    print(markdown(result))
+    print(json.dumps({"summary": result["analysis"]["summary"]}, indent=2))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -293,7 +355,11 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/moeproxy-transfer"))
     ap.add_argument("--engine", action="append", default=[], help="engine option key=value")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "transfer.json")
+    ap.add_argument("--reanalyse", action="store_true",
+                    help="recompute the analysis from WORK/traces.json and the existing --out file, no runs")
     args = ap.parse_args(argv)
+    if args.reanalyse:
+        return reanalyse(args.work, args.out)
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
