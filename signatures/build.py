@@ -121,13 +121,16 @@ def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
     sigs = signatures_of(fault_runs, signature_params)
     twins = signatures_of(healthy_runs, signature_params) if fault_class != "healthy" else []
     names = _common_metrics(sigs)
-    affected = {m: _is_affected(m, sigs, twins, fault_class) for m in names}
+    injected = _injected_onset(params or {})
+    ref = [_reference_onset(s, names, injected) for s in sigs]
+    twin_ref = [_reference_onset(t, names, injected) for t in twins]
+    affected = {m: _is_affected(m, sigs, twins, fault_class) or _volatility_changed(m, sigs, ref, twins, twin_ref)
+                for m in names}
     if fault_class != "healthy" and not any(affected.values()):
         # Nothing separates the fault from its twins: keep every changed metric, so the fingerprint
         # still says what a run of this fault looks like on its own.
         affected = {m: _majority([s.metrics[m].direction for s in sigs])[0] != 0 for m in names}
     affected_names = [m for m in names if affected[m]]
-    injected = _injected_onset(params or {})
     onsets = [_reference_onset(s, affected_names, injected) for s in sigs]
     aligned = fault_class != "healthy" and sum(o is not None for o in onsets) * 2 >= len(sigs)
     pre = signature_params.trace_pre
@@ -220,10 +223,27 @@ def _is_affected(m: str, sigs: Sequence[RunSignature], twins: Sequence[RunSignat
     twin_dir, _ = _majority([t.metrics[m].direction for t in twins if m in t.metrics])
     if twin_dir != direction:
         return True
-    # Same direction as the twins: affected only when the fault makes the change much larger.
+    # Same direction as the twins: affected when the fault makes the change 3x larger or smaller
+    # (omitted updates leave KL growing far less than in the twin), or turns its trend.
     fz = np.median([abs(s.metrics[m].effect_z) for s in sigs if m in s.metrics])
     tz = np.median([abs(t.metrics[m].effect_z) for t in twins if m in t.metrics])
-    return bool(fz > 3.0 * max(tz, 1.0))
+    if max(fz, tz) > 3.0 and (max(fz, 1.0) / max(tz, 1.0) > 3.0 or max(tz, 1.0) / max(fz, 1.0) > 3.0):
+        return True
+    trend, share = _majority([s.metrics[m].trend for s in sigs if m in s.metrics])
+    twin_trend, _ = _majority([t.metrics[m].trend for t in twins if m in t.metrics])
+    return share >= 0.5 and trend != twin_trend
+
+
+def _volatility_changed(m: str, sigs, ref, twins, twin_ref) -> bool:
+    """The fault changes the metric's spread around the onset 5x more than the twins show."""
+    fv = [s.volatility(m, o) for s, o in zip(sigs, ref, strict=True) if o is not None and m in s.metrics]
+    fv = [v for v in fv if v is not None]
+    if not fv or not twins:
+        return False
+    tv = [t.volatility(m, o) for t, o in zip(twins, twin_ref, strict=True) if o is not None and m in t.metrics]
+    tv = [v for v in tv if v is not None]
+    base = float(np.median(tv)) if tv else 0.0
+    return abs(float(np.median(fv)) - base) > 0.7
 
 
 def _expectation(m: str, sigs: Sequence[RunSignature], onsets: Sequence[int | None], affected: bool,
@@ -235,6 +255,8 @@ def _expectation(m: str, sigs: Sequence[RunSignature], onsets: Sequence[int | No
     lags = [x.onset_index - o for x, (_, o) in zip(ms, present, strict=True)
             if o is not None and x.onset_index is not None]
     ratios = [np.log10(x.ratio) for x in ms if x.ratio is not None and x.ratio > 0]
+    vols = [s.volatility(m, o) for s, o in present if o is not None]
+    vols = [v for v in vols if v is not None]
     traces: list[tuple[float, ...]] = []
     if affected:
         for s, o in present:
@@ -254,4 +276,5 @@ def _expectation(m: str, sigs: Sequence[RunSignature], onsets: Sequence[int | No
         effect_z=float(np.clip(np.median([x.effect_z for x in ms]), -1e6, 1e6)),
         nonfinite_rate=float(np.mean([x.has_nonfinite for x in ms])),
         traces=tuple(traces),
+        log10_volatility=float(np.median(vols)) if vols and affected else None,
     )

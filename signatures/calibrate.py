@@ -86,3 +86,46 @@ def calibrate(library: FingerprintLibrary, runs: Sequence[LabelledRun]) -> tuple
     report = {"threshold": cal.strong_threshold, "balanced_accuracy": acc,
               "positives": list(scores.positives), "negatives": list(scores.negatives)}
     return library.with_calibration(cal), report
+
+
+def cross_validated_calibration(trace_sets, *, signature_params=None) -> tuple[Calibration, dict]:
+    """Calibrate without extra runs: leave one library seed out at a time, build the fingerprints
+    from the other seeds, and score the left-out seed's runs (positives: own class; negatives: best
+    score with the class left out, best fault score on the left-out healthy twin). Fingerprints
+    from fewer seeds match a little worse, so the threshold comes out conservative."""
+    from moeproxy.signatures.build import TraceSet, fingerprint_from_trace_set
+    from moeproxy.signatures.features import DEFAULT_PARAMS
+
+    params = signature_params or DEFAULT_PARAMS
+    seeds = sorted({s for ts in trace_sets for s in ts.fault_runs})
+    if len(seeds) < 2:
+        raise ValueError("cross-validated calibration needs at least two library seeds")
+    pos: list[float] = []
+    neg: list[float] = []
+    for held in seeds:
+        fps, runs = [], []
+        for ts in trace_sets:
+            keep = {s: r for s, r in ts.fault_runs.items() if s != held}
+            if not keep:
+                continue
+            twins = {s: r for s, r in ts.healthy_runs.items() if s != held}
+            fps.append(fingerprint_from_trace_set(TraceSet(ts.fault_class, ts.variant, ts.params, keep, twins,
+                                                           ts.manifest, ts.path), signature_params=params))
+            if held in ts.fault_runs:
+                runs.append(LabelledRun(ts.fault_class, ts.fault_runs[held]))
+        healthy_twin = next((ts.healthy_runs[held] for ts in trace_sets if held in ts.healthy_runs), None)
+        if healthy_twin is not None and not any(r.fault_class == "healthy" for r in runs):
+            runs.append(LabelledRun("healthy", healthy_twin))
+        fold = calibration_scores(FingerprintLibrary(tuple(fps), params), runs)
+        pos += fold.positives
+        neg += fold.negatives
+    scores = CalibrationScores(tuple(pos), tuple(neg))
+    thr, acc = choose_threshold(scores)
+    cal = Calibration(
+        strong_threshold=round(thr, 4),
+        method=("leave-one-seed-out over the library runs: fingerprints rebuilt without the seed, its runs "
+                "scored: own-class score (positives) vs best score with the class left out and best fault "
+                f"score on the healthy twin (negatives); balanced accuracy {acc:.3f}"),
+        n_heldout=len(pos),
+    )
+    return cal, {"threshold": cal.strong_threshold, "balanced_accuracy": acc, "positives": pos, "negatives": neg}

@@ -125,6 +125,20 @@ class RunSignature:
             cache[key] = self._effect_trace(name, align_index, pre, post)
         return cache[key]
 
+    def volatility(self, name: str, align_index: int) -> float | None:
+        """log10 of the post/pre robust spread around ``align_index`` (clipped to ±3): a metric
+        that freezes (ppo_kl exactly 0 once updates stop) or starts to spike changes its spread
+        without moving its median."""
+        p = self.params
+        x = self.run.metrics[name].values
+        pre = x[max(0, align_index - p.trace_pre):align_index]
+        post = x[align_index:align_index + p.trace_post]
+        if pre.size < 3 or post.size < 3:
+            return None
+        floor = _scale_floor(float(np.median(pre)))
+        ratio = (_robust_scale(post) + floor) / (_robust_scale(pre) + floor)
+        return float(np.clip(np.log10(ratio), -3.0, 3.0))
+
     def _effect_trace(self, name: str, align_index: int, pre: int, post: int) -> np.ndarray:
         series = self.run.metrics[name]
         sig = self.metrics[name]

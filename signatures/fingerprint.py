@@ -51,6 +51,7 @@ class MetricExpectation:
     effect_z: float  # median shift in baseline-noise units
     nonfinite_rate: float  # share of runs where it went NaN/inf
     traces: tuple[tuple[float, ...], ...] = ()  # effect traces, trace_pre points before the onset
+    log10_volatility: float | None = None  # median log10(post/pre spread) around the fault onset
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -97,7 +98,8 @@ class Fingerprint:
 def _expectation_to_dict(e: MetricExpectation) -> dict[str, Any]:
     d = asdict(e)
     d["traces"] = [[_round(v) for v in t] for t in e.traces]
-    for k in ("onset_lag", "onset_lag_spread", "log10_ratio", "effect_z", "agreement", "nonfinite_rate"):
+    for k in ("onset_lag", "onset_lag_spread", "log10_ratio", "effect_z", "agreement", "nonfinite_rate",
+              "log10_volatility"):
         if d[k] is not None:
             d[k] = _round(d[k])
     return d
@@ -330,8 +332,11 @@ class _Validator:
             for j, v in enumerate(t):
                 self.number(v, f"{path}.traces[{i}][{j}]")
             traces.append(tuple(float(v) for v in t))
+        vol = d.get("log10_volatility")
+        if vol is not None:
+            vol = self.number(vol, f"{path}.log10_volatility", lo=-3.0, hi=3.0)
         return MetricExpectation(source, role, direction, agreement, trend, lag, spread, ratio, effect,
-                                 nfr, tuple(traces))
+                                 nfr, tuple(traces), vol)
 
     # -- primitives
 

@@ -46,6 +46,8 @@ class Weights:
     timing: float = 0.5
     nonfinite: float = 2.0
     magnitude: float = 0.3
+    trend: float = 0.5
+    volatility: float = 0.5
     shape_sharpness: float = 1.0  # s_shape = exp(-sharpness * dtw^2 / length)
 
 
@@ -274,6 +276,15 @@ def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation
                 else:
                     s_time = 0.3
                 parts.append((w.timing, s_time))
+    # post-onset trend of an affected metric (a frozen KL vs a growing one)
+    if exp.affected and (exp.trend != 0 or ms.trend != 0):
+        s_trend = 1.0 if ms.trend == exp.trend else (0.3 if 0 in (ms.trend, exp.trend) else 0.0)
+        parts.append((w.trend, s_trend))
+    # spread around the class onset (a metric that freezes or starts to spike)
+    if exp.affected and exp.log10_volatility is not None and onset is not None:
+        vol = sig.volatility(ms.name, onset)
+        if vol is not None:
+            parts.append((w.volatility, math.exp(-abs(vol - exp.log10_volatility))))
     # magnitude
     s_mag = None
     if exp.affected and exp.log10_ratio is not None and ms.ratio is not None and ms.ratio > 0 and exp.direction:

@@ -138,6 +138,14 @@ def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, camp
         lib = FingerprintLibrary(tuple(fps), generator={"command": " ".join(map(shlex.quote, command)),
                                                          "created": datetime.now(UTC).isoformat()})
         cal_report = None
+        if not heldout:
+            from moeproxy.signatures.build import load_trace_dir as _load
+            from moeproxy.signatures.calibrate import cross_validated_calibration
+
+            sets = [_load(d, twins_from=lib_twins) for d in trace_dirs]
+            if len({s for ts in sets for s in ts.fault_runs}) >= 2:
+                cal, cal_report = cross_validated_calibration(sets)
+                lib = lib.with_calibration(cal)
         if heldout:
             runs = []
             held_twins = twins.get("heldout") if twins else None
@@ -160,7 +168,9 @@ def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, camp
         "source": source,
         "trace_dirs": [str(d) for d in trace_dirs],
         "heldout_dirs": [str(d) for d in heldout],
-        "calibration": None if cal_report is None else {k: cal_report[k] for k in ("threshold", "balanced_accuracy")},
+        "calibration": None if cal_report is None else {
+            "threshold": cal_report["threshold"], "balanced_accuracy": cal_report["balanced_accuracy"],
+            "method": lib.calibration.method, "n": lib.calibration.n_heldout},
         "campaign": campaign,
     }
     target = save_library(lib, out, manifest=manifest)

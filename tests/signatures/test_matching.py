@@ -104,3 +104,18 @@ def test_expected_traces_are_placed_at_the_matched_onset_in_run_units(synthetic_
     # before the onset the expected shape sits at the run's own baseline, after it well above
     assert abs(np.median(shape["values"][:pre]) - np.median(observed[15:23])) < 3 * observed[:23].std()
     assert np.median(shape["values"][pre + 2:]) > 5 * np.median(observed[:23])
+
+
+def test_cross_validated_calibration_needs_no_extra_runs():
+    from moeproxy.signatures.build import TraceSet
+    from moeproxy.signatures.calibrate import cross_validated_calibration
+
+    sets = []
+    for c in ("healthy", "stale_weight_sync", "lr_misconfiguration", "reward_fault"):
+        runs = {s: synthetic_run(c, steps=40, onset=12, seed=s) for s in (0, 1)}
+        twins = {} if c == "healthy" else {s: synthetic_run("healthy", steps=40, seed=s) for s in (0, 1)}
+        sets.append(TraceSet(c, "v", {"onset": 12}, runs, twins, {}))
+    cal, report = cross_validated_calibration(sets)
+    assert 0 < cal.strong_threshold < 1 and cal.n_heldout == 8
+    assert min(report["positives"]) > max(report["negatives"]) - 0.2
+    assert "leave-one-seed-out" in cal.method
