@@ -26,6 +26,7 @@ from moeproxy.service.db import Database, utcnow
 from moeproxy.service.runs.models import Run
 from moeproxy.service.triage import repository
 from moeproxy.service.triage.engine import SignatureEngine
+from moeproxy.service.triage.errors import LibraryUnavailable
 from moeproxy.service.triage.service import compute, load_input, save
 from sqlalchemy import Connection
 
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class LiveTriage:
+    MAX_TRACKED_RUNS = 10_000
+
     def __init__(
         self,
         database: Database,
@@ -110,6 +113,8 @@ class LiveTriage:
                     _due, run_id = min(ready)
                     del self._due[run_id]
                     self._last[run_id] = now
+                    if len(self._last) > self.MAX_TRACKED_RUNS:  # forget runs quiet for an interval
+                        self._last = {r: t for r, t in self._last.items() if t > now - self.interval_s}
                     self._busy.add(run_id)
                     return run_id
                 waits = [due - now for run_id, due in self._due.items() if run_id not in self._busy]
@@ -121,6 +126,8 @@ class LiveTriage:
             ran = False
             try:
                 ran = self.evaluate(run_id)
+            except LibraryUnavailable as exc:  # a configuration problem, not a bug: say it once per run
+                log.warning("live triage of run %s skipped: %s", run_id, exc.detail)
             except Exception:  # one run's failure must not stop live triage for the others
                 log.exception("live triage of run %s failed", run_id)
             finally:
