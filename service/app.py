@@ -23,11 +23,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from moeproxy.service.db import Database
+from moeproxy.service.errors import NotAuthenticated, ServiceError
 
 import moeproxy
 from moeproxy.config import Settings, get_settings
-from moeproxy.service.db import Database
-from moeproxy.service.errors import NotAuthenticated, ServiceError
 
 log = logging.getLogger(__name__)
 
