@@ -174,3 +174,25 @@ def test_log_rejects_bad_steps_at_once(tmp_path):
         client.close(timeout_s=0.2)
     with pytest.raises(RuntimeError):
         client.log(0, {"a": 1.0})
+
+
+def test_points_are_flushed_at_interpreter_exit(fresh_database_url, tmp_path):
+    """A training script that never calls close(): atexit sends what was queued."""
+    import subprocess
+    import sys
+
+    token = _token(fresh_database_url)
+    with UvicornProcess(fresh_database_url) as server:
+        script = (
+            "from moeproxy.client import MetricsClient\n"
+            f"c = MetricsClient({server.url!r}, {token!r}, 'atexit-run', flush_interval_s=60, batch_steps=1000,"
+            f" spill_path={str(tmp_path / 's.jsonl')!r})\n"
+            "for step in range(30):\n"
+            "    c.log(step, {'loss': step * 0.5})\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        runs = httpx.get(f"{server.url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"}).json()["runs"]
+        got = _series(server.url, token, runs[0]["id"])
+    assert got["loss"]["steps"] == list(range(30))
+    assert got["loss"]["values"] == [s * 0.5 for s in range(30)]
