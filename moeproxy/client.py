@@ -288,13 +288,21 @@ class MetricsClient:
                 or (batch and time.monotonic() - batch_started >= self.flush_interval_s)
             )
             if batch and due:
-                self._handle(batch)
+                try:
+                    self._handle(batch)
+                except Exception:  # never let the thread die: flush() and close() wait on it
+                    log.exception("moeproxy: unexpected error sending run %s; keeping the batch on disk", self.run_name)
+                    self._spill_quietly(batch)
                 self._settle(len(batch))
                 batch = []
             if self._flush_now.is_set() and self._queue.empty():
                 self._flush_now.clear()
             if not batch and (stopping or self._spill_due()):
-                self._replay_spill()
+                try:
+                    self._replay_spill()
+                except Exception:
+                    log.exception("moeproxy: unexpected error replaying %s", self.spill_path)
+                    self._mark_down()
             if stopping and self._queue.empty() and not batch:
                 return
 
@@ -420,6 +428,12 @@ class MetricsClient:
         if self.stats["batches_spilled"] == 1 or self._down_failures <= 1:
             log.warning("moeproxy: server %s unreachable; spilling run %s to %s", self.url, self.run_name, self.spill_path)
 
+    def _spill_quietly(self, batch: list[tuple[int, dict]]) -> None:
+        try:
+            self._spill(batch)
+        except OSError:
+            log.exception("moeproxy: could not write %s; %d steps of run %s are lost", self.spill_path, len(batch), self.run_name)
+
     def _replay_spill(self) -> bool:
         """Send the spill file; True when it is empty afterwards (or there was none)."""
         if not self._has_spill():
@@ -451,5 +465,15 @@ class MetricsClient:
 
 
 def _jsonable(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A config dict (OmegaConf, dataclasses, paths...) turned into something JSON can carry."""
-    return json.loads(json.dumps(dict(config), default=str))
+    """A config dict (OmegaConf, dataclasses, paths...) turned into strict JSON (non-finite floats as strings)."""
+
+    def strict(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return _encode_value(value)
+        if isinstance(value, dict):
+            return {str(k): strict(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [strict(v) for v in value]
+        return value
+
+    return strict(json.loads(json.dumps(dict(config), default=str)))

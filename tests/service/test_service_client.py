@@ -196,3 +196,17 @@ def test_points_are_flushed_at_interpreter_exit(fresh_database_url, tmp_path):
         got = _series(server.url, token, runs[0]["id"])
     assert got["loss"]["steps"] == list(range(30))
     assert got["loss"]["values"] == [s * 0.5 for s in range(30)]
+
+
+def test_config_with_nonfinite_values_and_odd_types_is_sent(fresh_database_url, tmp_path):
+    from pathlib import PurePosixPath
+
+    token = _token(fresh_database_url)
+    config = {"lr": 1e-6, "clip": float("inf"), "path": PurePosixPath("/ckpt"), "nested": {"x": float("nan")}}
+    with UvicornProcess(fresh_database_url) as server:
+        with _fast_client(server.url, token, "config-run", tmp_path / "s.jsonl", config=config) as client:
+            client.log(0, {"a": 1.0})
+        run = httpx.get(
+            f"{server.url}/api/v1/runs/{client.run_id}", headers={"Authorization": f"Bearer {token}"}
+        ).json()
+    assert run["config"] == {"lr": 1e-6, "clip": "Infinity", "path": "/ckpt", "nested": {"x": "NaN"}}
