@@ -129,7 +129,13 @@ def device_plan(model: Path, keep_ratio: float) -> dict | None:
     return out
 
 
-def run_all(models: dict[str, Path], seeds: list[int], steps: int, onset: int, config) -> dict:
+def _save_traces(work: Path, traces: dict) -> None:
+    tmp = work / "traces.json.tmp"
+    tmp.write_text(json.dumps({f"{m}|{c}|{s}": t for (m, c, s), t in traces.items()}, allow_nan=True))
+    tmp.replace(work / "traces.json")
+
+
+def run_all(models: dict[str, Path], seeds: list[int], steps: int, onset: int, config, work: Path) -> dict:
     from moeproxy.reproduction.backend import LocalTorchBackend, ModelSpec
     from moeproxy.reproduction.faults import FaultSpec
 
@@ -145,6 +151,7 @@ def run_all(models: dict[str, Path], seeds: list[int], steps: int, onset: int, c
                 trace, info = backend.run_one(ModelSpec(str(path)), spec, seed, steps, config=config)
                 traces[(name, cls, seed)] = trace
                 costs[name].append(info["cost"])
+                _save_traces(work, traces)  # partial results survive an interrupted benchmark
                 print(f"{cls:24s} seed {seed} {name:10s} {time.perf_counter() - t:6.1f} s", file=sys.stderr, flush=True)
     return {"traces": traces, "costs": costs, "describe": info["model"]}
 
@@ -179,6 +186,8 @@ def analyse(res: dict, models: list[str], seeds: list[int], onset: int) -> dict:
     traces = res["traces"]
     rows = []
     for cls, (variant, _, keys) in CLASSES.items():
+        if not all((m, cls, s) in traces for m in models for s in seeds):
+            continue  # an interrupted benchmark: analyse what finished
         for metric in keys:
             row = {"class": cls, "variant": variant, "metric": metric}
             mean_eff: dict[str, list[float] | None] = {}
@@ -212,9 +221,11 @@ def analyse(res: dict, models: list[str], seeds: list[int], onset: int) -> dict:
     verdicts = consistency_verdicts(traces, models, seeds)
     summary = {}
     for m in models[1:]:
+        n = max(1, len(rows))
         summary[m] = {
-            "direction_agreement": sum(r[f"{m}_direction_agrees"] for r in rows) / len(rows),
-            "onset_within_2": sum(r[f"{m}_onset_within_2"] for r in rows) / len(rows),
+            "rows": len(rows),
+            "direction_agreement": sum(r[f"{m}_direction_agrees"] for r in rows) / n,
+            "onset_within_2": sum(r[f"{m}_onset_within_2"] for r in rows) / n,
             "effect_corr_median": _nanmedian([r[f"{m}_effect_corr"] for r in rows]),
         }
         if verdicts:
@@ -236,6 +247,8 @@ def consistency_verdicts(traces, models, seeds) -> dict | None:
         return None
     out: dict = {}
     for cls in CLASSES:
+        if not all((m, cls, s) in traces for m in models for s in seeds):
+            continue
         for m in models[1:]:
             vs = []
             for s in seeds:
@@ -331,8 +344,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def reanalyse(work: Path, out: Path) -> int:
-    result = json.loads(out.read_text())
+def reanalyse(work: Path, out: Path, args=None) -> int:
+    if out.exists():
+        result = json.loads(out.read_text())
+    else:  # partial run: no result file yet
+        result = {"models": ["original", "three_view", "random"], "partial": True,
+                  "seeds": [int(x) for x in args.seeds.split(",")], "onset": args.onset, "steps": args.steps}
     raw = json.loads((work / "traces.json").read_text())
     traces = {}
     for key, trace in raw.items():
@@ -359,7 +376,7 @@ def main(argv=None) -> int:
                     help="recompute the analysis from WORK/traces.json and the existing --out file, no runs")
     args = ap.parse_args(argv)
     if args.reanalyse:
-        return reanalyse(args.work, args.out)
+        return reanalyse(args.work, args.out, args)
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -372,7 +389,7 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     models = build_proxies(args.model, args.work, args.keep_ratio)
-    res = run_all(models, seeds, args.steps, args.onset, config)
+    res = run_all(models, seeds, args.steps, args.onset, config, args.work)
     names = list(models)
     result = {
         "command": " ".join(["python", "benchmarks/transfer.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -392,8 +409,6 @@ def main(argv=None) -> int:
     result["parameter_ratio"] = {m: p[m] / p["original"] for m in names}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, allow_nan=True) + "\n")
-    (args.work / "traces.json").write_text(json.dumps(
-        {f"{m}|{c}|{s}": t for (m, c, s), t in res["traces"].items()}, allow_nan=True))
     print(markdown(result))
     print(json.dumps({"summary": result["analysis"]["summary"], "cost": result["cost"], "memory": result["memory"],
                       "parameter_ratio": result["parameter_ratio"], "plan": result["plan"]}, indent=2))
