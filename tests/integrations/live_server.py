@@ -36,8 +36,8 @@ class LiveServer:
         self.database.dispose()
 
 
-def start_live_server(tmp_path, *, project: str = "rl-team", **settings) -> LiveServer:
-    url = f"sqlite:///{tmp_path / 'service.db'}"
+def start_live_server(url: str, *, project: str = "rl-team", **settings) -> LiveServer:
+    """Serve ``url`` (an upgraded database; upgraded again here, a no-op at head)."""
     migrations.upgrade(url)
     database = Database(url)
     with database.scope() as session:

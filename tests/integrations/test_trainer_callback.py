@@ -22,7 +22,8 @@ class TinyDataset(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def test_trainer_logs_reach_the_service(live_server, tmp_path):
+def test_trainer_logs_reach_the_service(sqlite_live_server, tmp_path):
+    live_server = sqlite_live_server
     from moeproxy.integrations import MoeproxyCallback
 
     torch.set_num_threads(1)
