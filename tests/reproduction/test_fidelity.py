@@ -116,19 +116,23 @@ def test_report_schema_and_cli(original, tmp_path):
     n = TINY_EXPERTS(original)
     proxy = _proxy(original, tmp_path / "half", n // 2, "frequency")
     out = tmp_path / "report.json"
+    # The cost probes start fresh interpreters (slow): measure them on one architecture only.
+    measure = "n_group" not in json.loads((original / "config.json").read_text())
     result = CliRunner().invoke(app, ["eval", "--original", str(original), "--proxy", str(proxy),
                                       "--prompts-per-task", "4", "--kl-texts-per-task", "3",
-                                      "--out", str(out), "--json"])
+                                      "--out", str(out), "--json", *([] if measure else ["--no-cost"])])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     for side in ("original", "proxy"):
         assert set(report[side]["accuracy"]) == set(TASKS)
         assert all(0 <= v <= 1 for v in report[side]["accuracy"].values())
         assert math.isfinite(report[side]["mean_accuracy"])
-        assert report[side]["peak_memory_mb"] >= 0
+        if measure:
+            assert report[side]["peak_memory_mb"] > 0
         assert all(len(ci) == 2 for ci in report[side]["accuracy_ci95"].values())
-    for key in ("retention", "kl", "kl_answer", "routing_coverage", "routing_agreement", "hidden_cosine_mean",
-                "parameter_ratio", "throughput_ratio"):
+    keys = ["retention", "kl", "kl_answer", "routing_coverage", "routing_agreement", "hidden_cosine_mean",
+            "parameter_ratio"] + (["throughput_ratio", "memory_ratio"] if measure else [])
+    for key in keys:
         assert isinstance(report[key], float), key
     assert 0 <= report["routing_agreement"] <= 1 and 0 <= report["routing_coverage"] <= 1
     assert report["parameter_ratio"] < 1
