@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 
@@ -95,6 +96,15 @@ def test_demo_run_page_in_chromium(served):
             legend = page.locator("#plot-key-0 .legendtext").all_text_contents()
             assert "run" in legend and any(t.startswith("expected: ") for t in legend)
             page.screenshot(path=str(ARTIFACTS / "run-page.png"), full_page=True)
+
+            # The run is live: new metrics -> live triage re-evaluates -> the open page reloads itself.
+            assert page.locator("#run-page").get_attribute("data-live") == "1"
+            more = [{"step": s, "values": {"critic/score/mean": 0.3, "actor/ppo_kl": 0.01}} for s in range(200, 220)]
+            httpx.post(f"{base}/api/v1/runs/{faulty['id']}/metrics", json={"steps": more},
+                       headers={"Authorization": f"Bearer {token}"}).raise_for_status()
+            page.wait_for_function(
+                "() => document.querySelector('dl.meta').innerText.includes('219')", timeout=60_000
+            )
 
             page.locator("#candidates a[href='/faults#rollout_logp_precision']").first.click()
             page.wait_for_url("**/faults#rollout_logp_precision")
