@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from ui_helpers import ingest_body
+
 LIBRARY_CLASSES = (
     "healthy",
     "rollout_logp_precision",
@@ -36,12 +38,6 @@ def fingerprint_library(tmp_path_factory):
         )
         fingerprints.append(build_fingerprint(fault_class, runs, twins))
     return save_library(FingerprintLibrary(tuple(fingerprints)), tmp_path_factory.mktemp("library"))
-
-
-def ingest_body(run, *, start: int = 0, stop: int | None = None) -> dict:
-    """The REST ingest body of a signatures RunMetrics (steps in [start, stop))."""
-    steps = [s for s in run.to_steps() if s["step"] >= start and (stop is None or s["step"] < stop)]
-    return {"steps": steps}
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import ingest_body
+from ui_helpers import ingest_body
 from moeproxy.config import Settings
 from moeproxy.service.app import create_app
 from moeproxy.service.db import Database

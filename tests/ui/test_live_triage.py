@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from conftest import ingest_body
+from ui_helpers import ingest_body
 from fastapi.testclient import TestClient
 from moeproxy.service.app import create_app
 from moeproxy.service.db import Database
