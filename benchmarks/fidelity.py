@@ -118,7 +118,8 @@ def run_model(name: str, args, results: dict[str, Any], save) -> None:
     path = Path(name) if Path(name).is_dir() else reference_model_path(name)
     config = json.loads((path / "config.json").read_text())
     n_experts = config.get("n_routed_experts") or config.get("num_experts") or config["num_local_experts"]
-    settings = EvalSettings(prompts_per_task=args.prompts_per_task, measure_cost=False)
+    settings = EvalSettings(prompts_per_task=args.prompts_per_task, kl_texts_per_task=args.kl_texts_per_task,
+                            measure_cost=False)
     tok = load_tokenizer(path)
     t = time.perf_counter()
     original = evaluate_model(path, settings, tok)
@@ -237,12 +238,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="qwen3-moe-64e,deepseek-v3-64e")
     parser.add_argument("--prompts-per-task", type=int, default=500)
+    parser.add_argument("--kl-texts-per-task", type=int, default=100)
     parser.add_argument("--random-seeds", default="0,1,2")
     parser.add_argument("--calibration-texts", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=16384)
     parser.add_argument("--out", type=Path, default=RESULT)
     parser.add_argument("--resume", action="store_true", help="keep finished rows of an earlier --out file")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="merge these result files into --out and print the table (no evaluation)")
     args = parser.parse_args()
+    if args.merge:
+        merged: dict[str, Any] = {"models": {}}
+        for path in args.merge:
+            part = json.loads(path.read_text())
+            merged.update({k: v for k, v in part.items() if k != "models"})
+            merged["models"].update(part["models"])
+        args.out.write_text(json.dumps(merged, indent=1) + "\n")
+        print(markdown(merged))
+        return 0
     args.random_seeds = [int(s) for s in args.random_seeds.split(",")]
     results: dict[str, Any] = {"models": {}}
     if args.resume and args.out.exists():
@@ -251,6 +264,7 @@ def main() -> int:
         "command": " ".join(["python", "benchmarks/fidelity.py", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, 2 cores shared, CPU only, torch threads 1",
         "prompts_per_task": args.prompts_per_task,
+        "kl_texts_per_task": args.kl_texts_per_task,
     })
     args.out.parent.mkdir(parents=True, exist_ok=True)
 

@@ -170,7 +170,7 @@ REFERENCE_MODELS: dict[str, ReferenceModel] = {
                        TrainingRecipe(steps=1800, lr=4e-3, warmup_steps=100, aux_loss_coef=0.02, seed=0)),
         ReferenceModel(
             "deepseek-v3-64e", "deepseek_v3",
-            TrainingRecipe(steps=1800, lr=4e-3, warmup_steps=100, seed=0, aux_loss_coef=0.001,
+            TrainingRecipe(steps=800, lr=4e-3, warmup_steps=50, seed=0, aux_loss_coef=0.001,
                            bias_update_speed=1e-3),
         ),
     )
