@@ -17,7 +17,7 @@ from moeproxy.service.tokens import repository as tokens
 from moeproxy.signatures.synthetic import synthetic_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "alerts"))
-from http_receiver import Receiver  # noqa: E402 - the receiver helper lives with the alert tests
+from http_receiver import Receiver  # the receiver helper lives with the alert tests
 
 
 def wait_for(predicate, timeout_s=90.0):

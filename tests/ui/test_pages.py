@@ -16,7 +16,7 @@ from moeproxy.signatures.synthetic import synthetic_run
 
 
 def plot_data(html: str) -> dict:
-    raw = re.search(r'<script type="application/json" id="plot-data">(.*?)</script>', html, re.S).group(1)
+    raw = re.search(r'<script type="application/json" id="plot-data">(.*?)</script>', html, re.DOTALL).group(1)
     return json.loads(raw)
 
 
