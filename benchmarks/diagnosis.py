@@ -118,6 +118,9 @@ def stage_evaluate(base: Path, library_path: Path, out: Path) -> dict:
     classes = list(lib.fault_classes)
     runs = []
     for d in sorted(base.iterdir()):
+        if not (d / "manifest.json").exists():
+            print(f"skipping {d}: no manifest (run not finished)")
+            continue
         ts = load_trace_dir(d)
         runs += [(ts.fault_class, seed, r) for seed, r in sorted(ts.fault_runs.items())]
     confusion: dict[str, dict[str, int]] = {c: {} for c in classes}
