@@ -105,3 +105,18 @@ def test_leave_one_class_out(synthetic_library):
     loco = synthetic_library.without_class("stale_weight_sync")
     assert "stale_weight_sync" not in loco.fault_classes
     assert len(loco.fingerprints) == len(synthetic_library.fingerprints) - 1
+
+
+def test_the_shipped_library_loads_and_is_proxy_generated():
+    from moeproxy.signatures.fingerprint import shipped_library_dir
+
+    lib = load_library(shipped_library_dir())
+    assert "healthy" in lib.fault_classes and len(lib.fault_classes) == 11
+    assert all(f.provenance.get("source") == "proxy" for f in lib.fingerprints)
+    assert all(f.provenance.get("proxy_report") for f in lib.fingerprints)  # built on a proxy checkpoint
+    manifest = json.loads((shipped_library_dir() / "manifest.json").read_text())
+    assert manifest["command"].startswith("moeproxy fingerprints generate")
+    import hashlib
+
+    digest = hashlib.sha256((shipped_library_dir() / "fingerprints.json").read_bytes()).hexdigest()
+    assert digest == manifest["library_sha256"]
