@@ -211,12 +211,13 @@ def _is_affected(m: str, sigs: Sequence[RunSignature], twins: Sequence[RunSignat
     fault_dirs = [s.metrics[m].direction for s in sigs if m in s.metrics]
     nonfinite = np.mean([s.metrics[m].has_nonfinite for s in sigs if m in s.metrics])
     direction, share = _majority(fault_dirs)
+    # A strict majority of the runs (with two seeds: both) must show the change.
     if fault_class == "healthy":
-        return direction != 0 and share >= 0.5
+        return direction != 0 and share > 0.5
     twin_nonfinite = np.mean([t.metrics[m].has_nonfinite for t in twins if m in t.metrics]) if twins else 0.0
     if nonfinite >= 0.5 and twin_nonfinite < 0.5:
         return True
-    if direction == 0 or share < 0.5:
+    if direction == 0 or share <= 0.5:
         return False
     if not twins:
         return True
@@ -231,7 +232,7 @@ def _is_affected(m: str, sigs: Sequence[RunSignature], twins: Sequence[RunSignat
         return True
     trend, share = _majority([s.metrics[m].trend for s in sigs if m in s.metrics])
     twin_trend, _ = _majority([t.metrics[m].trend for t in twins if m in t.metrics])
-    return share >= 0.5 and trend != twin_trend
+    return share > 0.5 and trend != twin_trend
 
 
 def _volatility_changed(m: str, sigs, ref, twins, twin_ref) -> bool:
@@ -252,8 +253,8 @@ def _expectation(m: str, sigs: Sequence[RunSignature], onsets: Sequence[int | No
     ms = [s.metrics[m] for s, _ in present]
     direction, agreement = _majority([x.direction for x in ms])
     trend, _ = _majority([x.trend for x in ms])
-    lags = [x.onset_index - o for x, (_, o) in zip(ms, present, strict=True)
-            if o is not None and x.onset_index is not None]
+    lags = [x.event_index - o for x, (_, o) in zip(ms, present, strict=True)
+            if o is not None and x.event_index is not None]
     ratios = [np.log10(x.ratio) for x in ms if x.ratio is not None and x.ratio > 0]
     vols = [s.volatility(m, o) for s, o in present if o is not None]
     vols = [v for v in vols if v is not None]

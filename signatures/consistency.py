@@ -90,9 +90,16 @@ def consistency(a: RunMetrics | CanonicalRun | RunSignature, b: RunMetrics | Can
     alias_list = list(aliases)
     sa = _signature(a, alias_list, framework_a, params)
     sb = _signature(b, alias_list, framework_b, params)
-    shared = sorted(set(sa.metrics) & set(sb.metrics))
-    changed = [m for m in shared if _changed(sa, m) or _changed(sb, m)]
-    ta, tb = sa.onset_of(changed), sb.onset_of(changed)
+    from moeproxy.signatures.build import EXCLUDED_METRICS, EXCLUDED_PREFIXES
+
+    shared = sorted(m for m in set(sa.metrics) & set(sb.metrics)
+                    if m not in EXCLUDED_METRICS and not m.startswith(EXCLUDED_PREFIXES))
+    changed = [m for m in shared if _counts(sa, sb, m, params)]
+    # The anomaly onset of each run: the earliest change point among the metrics that change the
+    # same way in both runs (an lr warm-up or a noisy metric changing in one run only must not set it).
+    common = [m for m in changed if sa.metrics[m].direction == sb.metrics[m].direction != 0]
+    ta = _first_onset(sa, common or changed)
+    tb = _first_onset(sb, common or changed)
     rows = tuple(_compare(sa, sb, m, ta, tb, m in changed, onset_tolerance) for m in shared)
     moving = [r for r in rows if r.changed]
     if not moving:
@@ -126,6 +133,25 @@ def _signature(run, aliases, framework, params) -> RunSignature:
 def _changed(s: RunSignature, m: str) -> bool:
     ms = s.metrics[m]
     return ms.direction != 0 or ms.has_nonfinite
+
+
+def _counts(sa: RunSignature, sb: RunSignature, m: str, params: SignatureParams) -> bool:
+    """A metric takes part in the verdict when it changed in both runs, or clearly (twice the
+    detection threshold) in one: a marginal change in one run only is noise, not a disagreement."""
+    a, b = _changed(sa, m), _changed(sb, m)
+    if a and b:
+        return True
+
+    def clear(s: RunSignature) -> bool:
+        ms = s.metrics[m]
+        return ms.has_nonfinite or (ms.direction != 0 and abs(ms.effect_z) >= 2 * params.min_effect)
+
+    return (a and clear(sa)) or (b and clear(sb))
+
+
+def _first_onset(s: RunSignature, names) -> int | None:
+    idx = [s.metrics[n].onset_index for n in names if s.metrics[n].onset_index is not None]
+    return min(idx) if idx else None
 
 
 def _stride(s: RunSignature) -> int:

@@ -84,6 +84,13 @@ class MetricSignature:
     nan_count: int
     posinf_count: int
     neginf_count: int
+    freeze_index: int | None = None  # from here to the end the metric is constant (and was not before)
+
+    @property
+    def event_index(self) -> int | None:
+        """Where the metric's behaviour changes: its onset, else where it froze (ppo_kl stuck at
+        exactly 0 once updates stop moves no median, so it has no change point)."""
+        return self.onset_index if self.onset_index is not None else self.freeze_index
 
     @property
     def changed(self) -> bool:
@@ -106,8 +113,8 @@ class RunSignature:
 
     def onset_of(self, names) -> int | None:
         """Earliest onset index among ``names`` (the class onset used to align effect traces)."""
-        idx = [self.metrics[n].onset_index for n in names
-               if n in self.metrics and self.metrics[n].onset_index is not None]
+        idx = [self.metrics[n].event_index for n in names
+               if n in self.metrics and self.metrics[n].event_index is not None]
         return min(idx) if idx else None
 
     def effect_trace(self, name: str, align_index: int, *, pre: int | None = None,
@@ -386,6 +393,7 @@ def _finalise(run: CanonicalRun, series: CanonicalSeries, r: _Raw, onset_p: floa
     if abs(r.pre_level) > 1e-12 and r.pre_level * r.post_level > 0:
         ratio = r.post_level / r.pre_level
     first_nf = series.first_nonfinite_index()
+    freeze = _freeze_index(series.values, params.min_segment)
     return MetricSignature(
         name=series.name,
         source=series.source,
@@ -407,4 +415,20 @@ def _finalise(run: CanonicalRun, series: CanonicalSeries, r: _Raw, onset_p: floa
         nan_count=series.nan_count,
         posinf_count=series.posinf_count,
         neginf_count=series.neginf_count,
+        freeze_index=freeze,
     )
+
+
+def _freeze_index(x: np.ndarray, min_segment: int) -> int | None:
+    """First index from which the series is constant to the end (at least ``min_segment`` points),
+    when it varied before it."""
+    n = x.size
+    if n < 2 * min_segment:
+        return None
+    tol = 1e-9 * (float(np.abs(x).max()) + 1e-30)
+    diff = np.abs(np.diff(x)) > tol
+    moving = np.flatnonzero(diff)
+    if moving.size == 0:
+        return None  # constant from the start: nothing froze
+    i = int(moving[-1]) + 1
+    return i if n - i >= min_segment and i >= min_segment else None

@@ -47,7 +47,9 @@ class Weights:
     nonfinite: float = 2.0
     magnitude: float = 0.3
     trend: float = 0.5
-    volatility: float = 0.5
+    volatility: float = 1.0
+    direction_flat_affected: float = 0.2  # an affected metric expected flat: its spread or trend
+    # is the evidence, agreeing on "no change" says little
     shape_sharpness: float = 1.0  # s_shape = exp(-sharpness * dtw^2 / length)
 
 
@@ -69,6 +71,7 @@ class MetricMatch:
     observed_lag: int | None = None
     nonfinite_score: float | None = None
     magnitude_score: float | None = None
+    volatility_score: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -226,9 +229,9 @@ def class_onset(sig: RunSignature, fp: Fingerprint) -> int | None:
     for name in fp.affected_metrics:
         ms = sig.metrics.get(name)
         exp = fp.metrics[name]
-        if ms is None or ms.onset_index is None or exp.onset_lag is None:
+        if ms is None or ms.event_index is None or exp.onset_lag is None:
             continue
-        votes.append(ms.onset_index - exp.onset_lag)
+        votes.append(ms.event_index - exp.onset_lag)
         weights.append(1.0 / (1.0 + exp.onset_lag_spread))
     if not votes:
         return sig.onset_of(fp.affected_metrics)
@@ -248,7 +251,7 @@ def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation
     else:
         s_dir = 1.0 if ms.direction == 0 else 0.15
         w_dir = w.surprise_change if ms.direction != 0 else (
-            w.direction_affected if exp.affected else w.direction_unaffected)
+            w.direction_flat_affected if exp.affected else w.direction_unaffected)
     parts.append((w_dir, s_dir))
     # non-finite events
     s_nf = None
@@ -269,8 +272,8 @@ def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation
                 if s_shape is not None:
                     parts.append((w.shape, s_shape))
             if exp.onset_lag is not None:
-                if ms.onset_index is not None:
-                    lag = ms.onset_index - onset
+                if ms.event_index is not None:
+                    lag = ms.event_index - onset
                     tau = max(2.0, 2.0 * exp.onset_lag_spread)
                     s_time = math.exp(-abs(lag - exp.onset_lag) / tau)
                 else:
@@ -281,17 +284,19 @@ def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation
         s_trend = 1.0 if ms.trend == exp.trend else (0.3 if 0 in (ms.trend, exp.trend) else 0.0)
         parts.append((w.trend, s_trend))
     # spread around the class onset (a metric that freezes or starts to spike)
+    s_vol = None
     if exp.affected and exp.log10_volatility is not None and onset is not None:
         vol = sig.volatility(ms.name, onset)
         if vol is not None:
-            parts.append((w.volatility, math.exp(-abs(vol - exp.log10_volatility))))
+            s_vol = math.exp(-abs(vol - exp.log10_volatility))
+            parts.append((w.volatility, s_vol))
     # magnitude
     s_mag = None
     if exp.affected and exp.log10_ratio is not None and ms.ratio is not None and ms.ratio > 0 and exp.direction:
         s_mag = math.exp(-abs(math.log10(ms.ratio) - exp.log10_ratio))
         parts.append((w.magnitude, s_mag))
     match = MetricMatch(ms.name, ms.source, exp.affected, exp.direction, ms.direction, s_dir, s_shape, d_min,
-                        s_time, exp.onset_lag, lag, s_nf, s_mag)
+                        s_time, exp.onset_lag, lag, s_nf, s_mag, s_vol)
     return parts, match
 
 
