@@ -81,7 +81,8 @@ def triage_command(
     lib = _load(library)
     if not run.series:
         raise _fail("the run has no metrics")
-    result = triage(run, lib, framework=framework, run_id=run_id if run_id is not None else run.name)
+    rid = (int(run_id) if run_id.isdigit() else run_id) if run_id is not None else run.name
+    result = triage(run, lib, framework=framework, run_id=rid)
     if as_json:
         typer.echo(json.dumps(result.to_dict(details=details), indent=1))
         return

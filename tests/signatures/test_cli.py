@@ -83,3 +83,61 @@ def test_consistency_command(tmp_path):
     assert res.exit_code == 0 and json.loads(res.stdout)["verdict"] == "consistent"
     res = runner.invoke(app, ["consistency", str(a), str(b)])
     assert res.exit_code == 0 and res.stdout.split(":")[0] in ("consistent", "partially consistent")
+
+
+def test_triage_run_id_reads_the_service_over_http(library_dir):
+    """--run ID: the metrics come from GET /api/v1/runs/{id}/metrics (column form, non-finite as
+    strings), through a real socket (a stand-in HTTP server speaking the SPEC section 5 shapes)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    run = synthetic_run("gradient_overflow", seed=31, steps=60, onset=22)
+    columns = {}
+    for item in run.to_steps():
+        for name, value in item["values"].items():
+            col = columns.setdefault(name, {"steps": [], "values": []})
+            col["steps"].append(item["step"])
+            col["values"].append(value)
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.headers.get("Authorization") != "Bearer tok":
+                body, code = {"detail": "bad token"}, 401
+            elif self.path == "/api/v1/runs/7":
+                body, code = {"id": 7, "name": "job-7", "framework": "verl"}, 200
+            elif self.path.startswith("/api/v1/runs/7/metrics"):
+                body, code = {"metrics": columns}, 200
+            else:
+                body, code = {"detail": "not found"}, 404
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        res = runner.invoke(app, ["triage", "--run", "7", "--url", url, "--token", "tok",
+                                  "--library", str(library_dir), "--json"])
+        assert res.exit_code == 0, res.output
+        d = json.loads(res.stdout)
+        assert d["run_id"] == 7 and d["candidates"][0]["fault_class"] == "gradient_overflow"
+        assert ("/api/v1/runs/7", "Bearer tok") in seen
+        res = runner.invoke(app, ["triage", "--run", "8", "--url", url, "--token", "tok",
+                                  "--library", str(library_dir)])
+        assert res.exit_code == 2 and "404" in res.stderr
+        res = runner.invoke(app, ["triage", "--run", "7", "--url", url, "--token", "wrong",
+                                  "--library", str(library_dir)])
+        assert res.exit_code == 2 and "401" in res.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
