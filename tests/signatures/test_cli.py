@@ -101,7 +101,7 @@ def test_triage_run_id_reads_the_service_over_http(library_dir):
     seen = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):
             seen.append((self.path, self.headers.get("Authorization")))
             if self.headers.get("Authorization") != "Bearer tok":
                 body, code = {"detail": "bad token"}, 401
