@@ -115,7 +115,12 @@ def build(trace_dirs: list[Path] = typer.Argument(..., help="Reproduction output
           source: str = typer.Option("proxy", "--source", help="Provenance source: proxy, original or synthetic."),
           as_json: bool = typer.Option(False, "--json")) -> None:
     """Build a library from existing reproduction traces (one fingerprint per directory)."""
-    report = _build_library(trace_dirs, out, heldout, source=source, command=["moeproxy", *sys.argv[1:]])
+    # A healthy directory among the inputs supplies the twins of fault directories run --no-healthy.
+    healthy = next((d for d in trace_dirs if _fault_class_of(d) == "healthy"), None)
+    held_healthy = next((d for d in heldout if _fault_class_of(d) == "healthy"), None)
+    twins = {k: v for k, v in (("lib", healthy), ("heldout", held_healthy)) if v is not None}
+    report = _build_library(trace_dirs, out, heldout, source=source, command=["moeproxy", *sys.argv[1:]],
+                            twins=twins)
     typer.echo(json.dumps(report, indent=1) if as_json else
                f"wrote {report['library']}: {report['fingerprints']} fingerprints, "
                f"strong threshold {report['strong_threshold']}")
@@ -262,6 +267,14 @@ def generate(
     typer.echo(json.dumps(report, indent=1) if as_json else
                f"wrote {report['library']}: {report['fingerprints']} fingerprints, "
                f"strong threshold {report['strong_threshold']}")
+
+
+def _fault_class_of(d: Path) -> str | None:
+    try:
+        fault = json.loads((d / "manifest.json").read_text()).get("fault")
+    except (OSError, ValueError):
+        return None
+    return fault.get("class") if isinstance(fault, dict) else fault
 
 
 def _ints(text: str | None) -> list[int] | None:

@@ -141,3 +141,37 @@ def test_triage_run_id_reads_the_service_over_http(library_dir):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _trace_dir(d, fault_class, variant, params, runs):
+    """A directory in the reproduction engine's output format (docs/reproduction.md)."""
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({
+        "format": "moeproxy.reproduction.manifest/1", "backend": "local", "model": {"name": "stand-in"},
+        "proxy_report": {"method": "three_view", "keep": 4}, "steps": 40,
+        "fault": {"class": fault_class, "variant": variant, "params": params}, "seeds": sorted(runs)}))
+    for seed, run in runs.items():
+        _write_jsonl(d / f"{fault_class}-seed{seed}.jsonl", run)
+
+
+def test_fingerprints_build_from_engine_trace_dirs_with_shared_twins(tmp_path):
+    seeds = (0, 1)
+    healthy = tmp_path / "traces" / "healthy"
+    _trace_dir(healthy, "healthy", "none", {"onset": 0}, {s: synthetic_run("healthy", steps=40, seed=s) for s in seeds})
+    dirs = [healthy]
+    for c, v in (("stale_weight_sync", "skip_from_onset"), ("lr_misconfiguration", "lr_multiplier")):
+        d = tmp_path / "traces" / c
+        _trace_dir(d, c, v, {"onset": 12}, {s: synthetic_run(c, steps=40, onset=12, seed=s) for s in seeds})
+        dirs.append(d)
+    out = tmp_path / "lib"
+    res = runner.invoke(app, ["fingerprints", "build", *map(str, dirs), "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["fingerprints"] == 3 and 0 < report["strong_threshold"] < 1  # leave-one-seed-out
+    doc = json.loads((out / "fingerprints.json").read_text())
+    stale = next(f for f in doc["fingerprints"] if f["fault_class"] == "stale_weight_sync")
+    assert stale["provenance"]["n_twins"] == 2  # twins taken from the healthy directory
+    assert stale["metrics"]["rollout_train_logp_diff"]["role"] == "affected"
+    assert stale["metrics"]["rollout_train_logp_diff"]["onset_lag"] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "leave-one-seed-out" in manifest["calibration"]["method"]
