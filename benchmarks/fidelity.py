@@ -100,7 +100,6 @@ def _build(build_proxy, path, out, keep, method, weights, seed, stats, calibrati
 
 def run_model(name: str, args, results: dict[str, Any], save) -> None:
     import torch
-
     from moeproxy.proxy_builder.build import build_proxy
     from moeproxy.proxy_builder.errors import InvalidPruneRequest
     from moeproxy.reproduction.fidelity import (

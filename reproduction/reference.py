@@ -306,7 +306,6 @@ def train_model(
 ) -> TrainResult:
     """Train a fresh ``arch`` model on the train split with ``recipe``; returns the fp32 model."""
     import torch
-
     from moeproxy.reproduction.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -374,7 +373,6 @@ def heldout_accuracy(model, tokenizer, prompts_per_task: int = 500, save_dtype: 
     import copy
 
     import torch
-
     from moeproxy.reproduction.fidelity import generate_completions, task_accuracy
     from moeproxy.reproduction.tasks import make_split
 

@@ -35,7 +35,7 @@ SPLITS: tuple[str, ...] = ("train", "calibration", "heldout")
 
 # Buckets of crc32("task|prompt") % 20 per split.
 _SPLIT_BUCKETS: dict[str, range] = {
-    "train": range(0, 16),
+    "train": range(16),
     "calibration": range(16, 18),
     "heldout": range(18, 20),
 }

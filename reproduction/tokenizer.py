@@ -22,8 +22,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerFast
 
 __all__ = [
-    "PAD", "BOS", "EOS", "UNK", "SPECIAL_TOKENS", "CHARACTERS", "VOCAB", "VOCAB_SIZE",
-    "build_tokenizer", "format_prompt", "format_text", "END_MARKER", "Example",
+    "BOS",
+    "CHARACTERS",
+    "END_MARKER",
+    "EOS",
+    "PAD",
+    "SPECIAL_TOKENS",
+    "UNK",
+    "VOCAB",
+    "VOCAB_SIZE",
+    "Example",
+    "build_tokenizer",
+    "format_prompt",
+    "format_text",
 ]
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", END_MARKER, "<unk>"

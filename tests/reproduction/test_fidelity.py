@@ -10,20 +10,20 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from typer.testing import CliRunner  # noqa: E402
-
-from moeproxy.cli import app  # noqa: E402
-from moeproxy.proxy_builder.build import build_proxy  # noqa: E402
-from moeproxy.reproduction import fidelity  # noqa: E402
-from moeproxy.reproduction.fidelity import (  # noqa: E402
+from moeproxy.proxy_builder.build import build_proxy
+from moeproxy.reproduction import fidelity
+from moeproxy.reproduction.fidelity import (
     EvalSettings,
     FidelityError,
     evaluate_pair,
     normalised_entropy,
     wilson_interval,
 )
-from moeproxy.reproduction.reference import TrainingRecipe, save_checkpoint, train_model  # noqa: E402
-from moeproxy.reproduction.tasks import TASKS, calibration_corpus  # noqa: E402
+from moeproxy.reproduction.reference import TrainingRecipe, save_checkpoint, train_model
+from moeproxy.reproduction.tasks import TASKS, calibration_corpus
+from typer.testing import CliRunner
+
+from moeproxy.cli import app
 
 torch.set_num_threads(1)
 
@@ -112,6 +112,7 @@ def test_agreement_counts_pruned_experts_as_misses():
     assert scores["routing_coverage"] == pytest.approx(cover)
 
 
+@pytest.mark.slow  # starts fresh interpreters for the memory probe
 def test_report_schema_and_cli(original, tmp_path):
     n = TINY_EXPERTS(original)
     proxy = _proxy(original, tmp_path / "half", n // 2, "frequency")

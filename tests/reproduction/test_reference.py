@@ -9,10 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-
-from moeproxy.reproduction import reference  # noqa: E402
-from moeproxy.reproduction.reference import (  # noqa: E402
+from moeproxy.reproduction import reference
+from moeproxy.reproduction.reference import (
     ARCH_CONFIGS,
     REFERENCE_MODELS,
     CheckpointMissing,
@@ -24,8 +22,9 @@ from moeproxy.reproduction.reference import (  # noqa: E402
     reference_model_path,
     train_model,
 )
-from moeproxy.reproduction.tasks import Example, make_split  # noqa: E402
-from moeproxy.reproduction.tokenizer import build_tokenizer  # noqa: E402
+from moeproxy.reproduction.tasks import Example, make_split
+from moeproxy.reproduction.tokenizer import build_tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 torch.set_num_threads(1)
 

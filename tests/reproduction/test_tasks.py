@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from moeproxy.reproduction import tasks
 from moeproxy.reproduction.tasks import (
     END_MARKER,
@@ -98,7 +97,7 @@ def test_splits_are_disjoint_by_prompt():
     assert {split_of(e) for e in train + train2} == {"train"}
     assert {split_of(e) for e in calib} == {"calibration"}
     assert {split_of(e) for e in held} == {"heldout"}
-    keys = lambda xs: {(e.task, e.prompt) for e in xs}  # noqa: E731
+    keys = lambda xs: {(e.task, e.prompt) for e in xs}
     assert not keys(held) & (keys(train) | keys(train2) | keys(calib))
     assert not keys(calib) & keys(train)
 

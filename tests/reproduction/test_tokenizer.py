@@ -7,10 +7,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from transformers import AutoTokenizer  # noqa: E402
-
-from moeproxy.reproduction.tasks import END_MARKER, format_prompt, format_text, make_split  # noqa: E402
-from moeproxy.reproduction.tokenizer import (  # noqa: E402
+from moeproxy.reproduction.tasks import END_MARKER, format_prompt, format_text, make_split
+from moeproxy.reproduction.tokenizer import (
     BOS,
     EOS,
     PAD,
@@ -18,6 +16,7 @@ from moeproxy.reproduction.tokenizer import (  # noqa: E402
     VOCAB_SIZE,
     build_tokenizer,
 )
+from transformers import AutoTokenizer
 
 
 def test_special_tokens_and_vocab():
