@@ -74,18 +74,26 @@ def choose_threshold(scores: CalibrationScores) -> tuple[float, float]:
 
 
 def calibrate(library: FingerprintLibrary, runs: Sequence[LabelledRun]) -> tuple[FingerprintLibrary, dict]:
-    scores = calibration_scores(library, runs)
+    cal, report = _calibration_from_scores(
+        calibration_scores(library, runs),
+        "balanced accuracy over held-out runs: own-class score (positives) vs best score "
+        "with the class left out and best fault score on healthy runs (negatives)",
+        n_heldout=len(runs),
+    )
+    return library.with_calibration(cal), report
+
+
+def _calibration_from_scores(scores: CalibrationScores, method: str, *, n_heldout: int) -> tuple[Calibration, dict]:
+    """The threshold with the best balanced accuracy on ``scores``, as a Calibration and a report."""
     thr, acc = choose_threshold(scores)
     cal = Calibration(
         strong_threshold=round(thr, 4),
-        method=("balanced accuracy over held-out runs: own-class score (positives) vs best score "
-                "with the class left out and best fault score on healthy runs (negatives); "
-                f"balanced accuracy {acc:.3f}"),
-        n_heldout=len(runs),
+        method=f"{method}; balanced accuracy {acc:.3f}",
+        n_heldout=n_heldout,
     )
     report = {"threshold": cal.strong_threshold, "balanced_accuracy": acc,
               "positives": list(scores.positives), "negatives": list(scores.negatives)}
-    return library.with_calibration(cal), report
+    return cal, report
 
 
 def cross_validated_calibration(trace_sets, *, signature_params=None) -> tuple[Calibration, dict]:
@@ -119,13 +127,10 @@ def cross_validated_calibration(trace_sets, *, signature_params=None) -> tuple[C
         fold = calibration_scores(FingerprintLibrary(tuple(fps), params), runs)
         pos += fold.positives
         neg += fold.negatives
-    scores = CalibrationScores(tuple(pos), tuple(neg))
-    thr, acc = choose_threshold(scores)
-    cal = Calibration(
-        strong_threshold=round(thr, 4),
-        method=("leave-one-seed-out over the library runs: fingerprints rebuilt without the seed, its runs "
-                "scored: own-class score (positives) vs best score with the class left out and best fault "
-                f"score on the healthy twin (negatives); balanced accuracy {acc:.3f}"),
+    return _calibration_from_scores(
+        CalibrationScores(tuple(pos), tuple(neg)),
+        "leave-one-seed-out over the library runs: fingerprints rebuilt without the seed, its runs "
+        "scored: own-class score (positives) vs best score with the class left out and best fault "
+        "score on the healthy twin (negatives)",
         n_heldout=len(pos),
     )
-    return cal, {"threshold": cal.strong_threshold, "balanced_accuracy": acc, "positives": pos, "negatives": neg}
