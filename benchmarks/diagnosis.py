@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HELDOUT_SEEDS = (200, 201)
+HELDOUT_SEEDS = (200, 201, 202)
 HELDOUT_ONSET = 11
 HELDOUT_MAGNITUDE_FACTOR = 1.5  # where a variant takes a magnitude
 
@@ -85,9 +85,10 @@ def heldout_jobs(campaign: Path) -> list[tuple[str, dict]]:
     return jobs
 
 
-def stage_heldout(work: Path, original: Path, campaign: Path, steps: int) -> Path:
-    base = work / "heldout-original"
-    seeds = ",".join(map(str, HELDOUT_SEEDS))
+def stage_heldout(work: Path, original: Path, campaign: Path, steps: int, seeds: tuple[int, ...],
+                  name: str) -> Path:
+    base = work / name
+    seeds = ",".join(map(str, seeds))
     todo = [("healthy", {})] + heldout_jobs(campaign)
     for cls, params in todo:
         d = base / cls
@@ -105,7 +106,7 @@ def stage_heldout(work: Path, original: Path, campaign: Path, steps: int) -> Pat
     return base
 
 
-def stage_evaluate(base: Path, library_path: Path, out: Path) -> dict:
+def stage_evaluate(base: Path, library_path: Path, out: Path, original: Path, seeds: tuple[int, ...]) -> dict:
     from moeproxy.signatures import dtw
     from moeproxy.signatures.build import load_trace_dir
     from moeproxy.signatures.canonical import canonicalise
@@ -171,7 +172,7 @@ def stage_evaluate(base: Path, library_path: Path, out: Path) -> dict:
         "loco_runs": loco_total,
         "triage_latency_median_s": statistics.median(latencies),
         "rows": rows,
-        "heldout": {"seeds": list(HELDOUT_SEEDS), "onset": HELDOUT_ONSET,
+        "heldout": {"original": str(original), "seeds": list(seeds), "onset": HELDOUT_ONSET,
                     "magnitude_factor": HELDOUT_MAGNITUDE_FACTOR, "traces": str(base)},
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
     }
@@ -193,7 +194,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="held-out run length (default: the campaign's)")
     ap.add_argument("--stages", default="original,proxy,library,heldout,evaluate")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "diagnosis.json"))
+    ap.add_argument("--heldout-seeds", default=",".join(map(str, HELDOUT_SEEDS)))
+    ap.add_argument("--heldout-dir", default="heldout-original",
+                    help="folder under --work for the held-out runs (one per original model)")
     args = ap.parse_args()
+    seeds = tuple(int(s) for s in args.heldout_seeds.split(","))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     stages = set(args.stages.split(","))
@@ -205,9 +210,10 @@ def main() -> None:
     if "library" in stages:
         stage_library(work, proxy, Path(args.library), campaign)
     if "heldout" in stages or "evaluate" in stages:
-        base = stage_heldout(work, original, campaign, steps) if "heldout" in stages else work / "heldout-original"
+        base = (stage_heldout(work, original, campaign, steps, seeds, args.heldout_dir) if "heldout" in stages
+                else work / args.heldout_dir)
     if "evaluate" in stages:
-        stage_evaluate(base, Path(args.library), Path(args.out))
+        stage_evaluate(base, Path(args.library), Path(args.out), original, seeds)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def majority(values: list) -> object:
     return max(set(map(str, values)), key=[str(v) for v in values].count)
 
 
-def build_proxies(model: Path, work: Path, keep_ratio: float) -> dict[str, Path]:
+def build_proxies(model: Path, work: Path, keep_ratio: float, view_weights: str | None = "auto") -> dict[str, Path]:
     from moeproxy.proxy_builder import build_proxy
     from moeproxy.reproduction.tasks import calibration_corpus
 
@@ -104,7 +104,9 @@ def build_proxies(model: Path, work: Path, keep_ratio: float) -> dict[str, Path]
         d = work / f"proxy-{method}"
         if not (d / "config.json").exists():
             t = time.perf_counter()
-            build_proxy(model, d, keep_ratio=keep_ratio, method=method, calibration=texts, seed=0, overwrite=True)
+            weights = view_weights if method == "three_view" else None
+            build_proxy(model, d, keep_ratio=keep_ratio, method=method, calibration=texts, seed=0, overwrite=True,
+                        view_weights=weights)
             print(f"built {method} proxy in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         out[method] = d
     return out
@@ -369,6 +371,9 @@ def main(argv=None) -> int:
     ap.add_argument("--onset", type=int, default=10)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--keep-ratio", type=float, default=0.5)
+    ap.add_argument("--view-weights", default="auto", choices=("auto", "equal"),
+                    help="fusion weights of the three-view proxy: auto (KL-searched, as the builder's "
+                    "--view-weights auto) or equal")
     ap.add_argument("--work", type=Path, default=Path("/tmp/moeproxy-transfer"))
     ap.add_argument("--engine", action="append", default=[], help="engine option key=value")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "transfer.json")
@@ -388,7 +393,8 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    models = build_proxies(args.model, args.work, args.keep_ratio)
+    models = build_proxies(args.model, args.work, args.keep_ratio,
+                           None if args.view_weights == "equal" else args.view_weights)
     res = run_all(models, seeds, args.steps, args.onset, config, args.work)
     names = list(models)
     result = {

@@ -278,4 +278,5 @@ def _expectation(m: str, sigs: Sequence[RunSignature], onsets: Sequence[int | No
         nonfinite_rate=float(np.mean([x.has_nonfinite for x in ms])),
         traces=tuple(traces),
         log10_volatility=float(np.median(vols)) if vols and affected else None,
+        freeze_rate=float(np.mean([x.frozen for x in ms])),
     )

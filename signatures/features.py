@@ -85,6 +85,8 @@ class MetricSignature:
     posinf_count: int
     neginf_count: int
     freeze_index: int | None = None  # from here to the end the metric is constant (and was not before)
+    freeze_step: int | None = None
+    freeze_value: float | None = None
 
     @property
     def event_index(self) -> int | None:
@@ -99,6 +101,11 @@ class MetricSignature:
     @property
     def has_nonfinite(self) -> bool:
         return self.nonfinite_count > 0
+
+    @property
+    def frozen(self) -> bool:
+        """It moved, then stopped moving for good (``freeze_index``)."""
+        return self.freeze_index is not None
 
 
 @dataclass(frozen=True)
@@ -416,6 +423,8 @@ def _finalise(run: CanonicalRun, series: CanonicalSeries, r: _Raw, onset_p: floa
         posinf_count=series.posinf_count,
         neginf_count=series.neginf_count,
         freeze_index=freeze,
+        freeze_step=None if freeze is None else int(run.steps[freeze]),
+        freeze_value=None if freeze is None else float(series.values[-1]),
     )
 
 

@@ -52,6 +52,7 @@ class MetricExpectation:
     nonfinite_rate: float  # share of runs where it went NaN/inf
     traces: tuple[tuple[float, ...], ...] = ()  # effect traces, trace_pre points before the onset
     log10_volatility: float | None = None  # median log10(post/pre spread) around the fault onset
+    freeze_rate: float = 0.0  # share of runs where it stopped moving (ppo_kl exactly 0 once updates stop)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -99,7 +100,7 @@ def _expectation_to_dict(e: MetricExpectation) -> dict[str, Any]:
     d = asdict(e)
     d["traces"] = [[_round(v) for v in t] for t in e.traces]
     for k in ("onset_lag", "onset_lag_spread", "log10_ratio", "effect_z", "agreement", "nonfinite_rate",
-              "log10_volatility"):
+              "log10_volatility", "freeze_rate"):
         if d[k] is not None:
             d[k] = _round(d[k])
     return d
@@ -335,8 +336,9 @@ class _Validator:
         vol = d.get("log10_volatility")
         if vol is not None:
             vol = self.number(vol, f"{path}.log10_volatility", lo=-3.0, hi=3.0)
+        freeze = self.number(d.get("freeze_rate", 0.0), f"{path}.freeze_rate", lo=0.0, hi=1.0)
         return MetricExpectation(source, role, direction, agreement, trend, lag, spread, ratio, effect,
-                                 nfr, tuple(traces), vol)
+                                 nfr, tuple(traces), vol, freeze)
 
     # -- primitives
 

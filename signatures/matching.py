@@ -10,6 +10,9 @@ For each fingerprint, over the canonical metrics the fingerprint and the run sha
   affected metrics), best of the representatives;
 - **timing** — the onset lag of each affected metric after the class onset vs the fingerprint's;
 - **non-finite events** — expected NaN/inf (``gradient_overflow``) present, or unexpected ones;
+- **freeze events** — a metric that stops moving for good (``actor/ppo_kl`` exactly 0 once the
+  optimizer stops stepping) where the fingerprint's runs froze it, or did not; a freeze moves no
+  median, so without this term an omitted update reads as a quiet healthy run;
 - **magnitude** — the level-shift ratio, a light term (proxy and production scales differ).
 
 The weighted mean (weights in :data:`WEIGHTS`) is multiplied by a coverage factor (a run that logs
@@ -45,6 +48,7 @@ class Weights:
     shape: float = 1.0
     timing: float = 0.5
     nonfinite: float = 2.0
+    freeze: float = 1.5
     magnitude: float = 0.3
     trend: float = 0.5
     volatility: float = 1.0
@@ -70,6 +74,7 @@ class MetricMatch:
     expected_lag: float | None = None
     observed_lag: int | None = None
     nonfinite_score: float | None = None
+    freeze_score: float | None = None
     magnitude_score: float | None = None
     volatility_score: float | None = None
 
@@ -258,6 +263,12 @@ def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation
     if exp.nonfinite_rate >= 0.5 or ms.has_nonfinite:
         s_nf = 1.0 if ms.has_nonfinite == (exp.nonfinite_rate >= 0.5) else 0.0
         parts.append((w.nonfinite, s_nf))
+    # freeze events: scored by how often the fingerprint's runs froze the metric, so a metric that
+    # freezes now and then in healthy runs (pg_clipfrac stuck at 0 under a small LR) costs little
+    s_fr = None
+    if exp.freeze_rate >= 0.5 or ms.frozen:
+        s_fr = exp.freeze_rate if ms.frozen else 1.0 - exp.freeze_rate
+        parts.append((w.freeze, s_fr))
     # shape and timing (aligned fingerprints only)
     s_shape = d_min = s_time = None
     lag = None
@@ -296,7 +307,7 @@ def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation
         s_mag = math.exp(-abs(math.log10(ms.ratio) - exp.log10_ratio))
         parts.append((w.magnitude, s_mag))
     match = MetricMatch(ms.name, ms.source, exp.affected, exp.direction, ms.direction, s_dir, s_shape, d_min,
-                        s_time, exp.onset_lag, lag, s_nf, s_mag, s_vol)
+                        s_time, exp.onset_lag, lag, s_nf, s_fr, s_mag, s_vol)
     return parts, match
 
 
@@ -341,6 +352,8 @@ def describe_metric(ms: MetricSignature) -> str | None:
         return (f"{src} non-finite from step {ms.first_nonfinite_step} "
                 f"({ms.nonfinite_count} of {ms.n_points} steps: {kinds})")
     if ms.direction == 0:
+        if ms.frozen:
+            return f"{src} stopped moving: constant {ms.freeze_value:.4g} from step {ms.freeze_step}"
         return None
     if ms.onset_step is not None:
         at = f"at step {ms.onset_step}"
@@ -351,7 +364,9 @@ def describe_metric(ms: MetricSignature) -> str | None:
         else:
             verb = "rose" if ms.direction > 0 else "fell"
             text = f"{src} {verb} by {abs(ms.effect_z):.1f} baseline σ {at}"
-        if ms.trend:
+        if ms.frozen:
+            text += f", constant {ms.freeze_value:.4g} from step {ms.freeze_step}"
+        elif ms.trend:
             text += f", {'rising' if ms.trend > 0 else 'falling'} after it"
         return text
     return f"{src} {'rising' if ms.direction > 0 else 'falling'} over the run (no single change point)"
@@ -365,7 +380,8 @@ def evidence(sig: RunSignature, s: FingerprintScore, *, limit: int = 4) -> list[
     fp = s.fingerprint
     lines: list[str] = []
     agree = [m for m in s.matches if m.affected and m.observed_direction is not None
-             and (m.direction_score or 0) >= 1.0 and (m.nonfinite_score is None or m.nonfinite_score > 0)]
+             and ((m.direction_score or 0) >= 1.0 or (m.freeze_score or 0) >= 0.5)
+             and (m.nonfinite_score is None or m.nonfinite_score > 0)]
     agree.sort(key=lambda m: (sig.metrics[m.metric].onset_index is None, -(abs(sig.metrics[m.metric].effect_z))))
     for m in agree:
         text = describe_metric(sig.metrics[m.metric])
@@ -391,7 +407,8 @@ def _dir_word(d: int) -> str:
 def _summary(fp: Fingerprint, s: FingerprintScore) -> str:
     aff = [m for m in s.matches if m.affected and m.observed_direction is not None]
     if fp.fault_class == "healthy":
-        surprises = [m.source for m in s.matches if m.expected_direction == 0 and m.observed_direction]
+        surprises = [m.source for m in s.matches if (m.expected_direction == 0 and m.observed_direction)
+                     or (m.freeze_score is not None and m.freeze_score < 0.5)]
         if not surprises:
             return "no unexpected change point or trend; looks like the healthy reference runs"
         return f"healthy runs do not show the changes in {', '.join(surprises[:3])}"

@@ -119,3 +119,52 @@ def test_cross_validated_calibration_needs_no_extra_runs():
     assert 0 < cal.strong_threshold < 1 and cal.n_heldout == 8
     assert min(report["positives"]) > max(report["negatives"]) - 0.2
     assert "leave-one-seed-out" in cal.method
+
+
+def test_a_metric_that_stops_moving_is_evidence_against_healthy(synthetic_library):
+    """ppo_kl / pg_clipfrac stuck at exactly 0 once the optimizer stops stepping move no median
+    when the healthy values are tiny; the freeze itself must count."""
+    from moeproxy.signatures.canonical import MetricSeries, RunMetrics
+
+    run = synthetic_run("healthy", seed=21, **HELDOUT)
+    clip = run.series["actor/pg_clipfrac"]
+    values = clip.values.copy()
+    values[clip.steps >= HELDOUT["onset"]] = 0.0
+    stuck = RunMetrics({**run.series, "actor/pg_clipfrac": MetricSeries(clip.steps, values)},
+                       framework=run.framework)
+
+    def scores(r):
+        res = triage(r, synthetic_library)
+        return {c.fault_class: c for c in res.candidates}
+
+    plain, froze = scores(run), scores(stuck)
+    assert froze["healthy"].score < plain["healthy"].score
+    assert froze["actor_update_omission"].score > plain["actor_update_omission"].score
+    assert any("healthy runs do not show the changes in actor/pg_clipfrac" in e for e in froze["healthy"].evidence)
+    omission = froze["actor_update_omission"]
+    assert any(e.startswith("actor/pg_clipfrac") and f"constant 0 from step {HELDOUT['onset']}" in e
+               for e in omission.evidence), omission.evidence
+
+
+def test_freeze_rate_is_learnt_from_the_fault_runs(synthetic_library):
+    fp = next(f for f in synthetic_library.fingerprints if f.fault_class == "actor_update_omission")
+    healthy = next(f for f in synthetic_library.fingerprints if f.fault_class == "healthy")
+    assert fp.metrics["clip_frac"].freeze_rate == 1.0
+    assert healthy.metrics["clip_frac"].freeze_rate == 0.0
+
+
+def test_a_tiny_metric_that_freezes_without_a_shift_is_described_as_stopped():
+    from moeproxy.signatures.canonical import RunMetrics
+    from moeproxy.signatures.features import run_signature
+    from moeproxy.signatures.canonical import canonicalise
+    from moeproxy.signatures.matching import describe_metric
+
+    rng = np.random.default_rng(3)
+    kl = np.abs(rng.normal(1e-6, 1e-6, size=40))
+    kl[24:] = 0.0
+    steps = [{"step": i, "values": {"actor/ppo_kl": float(kl[i])}} for i in range(40)]
+    sig = run_signature(canonicalise(RunMetrics.from_steps(steps, framework="verl")))
+    ms = sig.metrics["ppo_kl"]
+    assert ms.frozen and ms.freeze_step == 24 and ms.freeze_value == 0.0
+    text = describe_metric(ms)
+    assert text is not None and "actor/ppo_kl" in text and "from step 24" in text
