@@ -167,10 +167,10 @@ REFERENCE_MODELS: dict[str, ReferenceModel] = {
     m.name: m
     for m in (
         ReferenceModel("qwen3-moe-64e", "qwen3_moe",
-                       TrainingRecipe(steps=1800, lr=4e-3, warmup_steps=100, aux_loss_coef=0.02, seed=0)),
+                       TrainingRecipe(steps=8000, lr=4e-3, warmup_steps=200, aux_loss_coef=0.02, seed=0)),
         ReferenceModel(
             "deepseek-v3-64e", "deepseek_v3",
-            TrainingRecipe(steps=800, lr=4e-3, warmup_steps=50, seed=0, aux_loss_coef=0.001,
+            TrainingRecipe(steps=8000, lr=4e-3, warmup_steps=200, seed=0, aux_loss_coef=0.001,
                            bias_update_speed=1e-3),
         ),
     )
