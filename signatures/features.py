@@ -321,9 +321,8 @@ def _trend_test(y: np.ndarray) -> tuple[float, float, float]:
     return slope, p, abs(slope * (n - 1)) / noise
 
 
-def _analyse(series: CanonicalSeries, params: SignatureParams) -> _Raw:
-    x = series.values
-    y, block = _block_means(x, params.max_test_points)
+def _find_onset(y: np.ndarray, params: SignatureParams) -> tuple[int | None, float]:
+    """The onset (index into ``y``) and its raw p-value, or (None, 1.0)."""
     n = y.size
     onset, onset_p = None, 1.0
     if n >= 2 * params.min_segment + 2 and np.ptp(y) > 0:
@@ -355,6 +354,53 @@ def _analyse(series: CanonicalSeries, params: SignatureParams) -> _Raw:
             onset, onset_p = min(tested, key=lambda c: c[1])[:2]
     if onset is not None:
         onset = _refine_onset(y, onset, params)
+    return onset, onset_p
+
+
+#: A non-negative metric whose level moves by at least this many decades is tested on a log
+#: scale when the linear test finds no onset; from LOG_PREFERRED_DECADES on, the log-scale onset
+#: is used even when the linear test found one (a ×100 change is multiplicative: on a linear
+#: scale the onset lands on the largest post-onset excursion, not on the jump).
+LOG_MIN_DECADES = 1.0
+LOG_PREFERRED_DECADES = 2.0
+
+
+def _log_values(y: np.ndarray) -> np.ndarray | None:
+    """log10 of a non-negative, finite series (zeros at its smallest positive value), else None."""
+    if y.size == 0 or not np.all(np.isfinite(y)) or np.any(y < 0):
+        return None
+    positive = y[y > 0]
+    if positive.size == 0 or 2 * positive.size < y.size:
+        return None
+    return np.log10(np.maximum(y, positive.min()))
+
+
+def _analyse(series: CanonicalSeries, params: SignatureParams) -> _Raw:
+    x = series.values
+    y, block = _block_means(x, params.max_test_points)
+    onset, onset_p = _find_onset(y, params)
+    raw = _levels(x, y, block, onset, onset_p, params)
+    linear_weak = onset is None or abs(raw.effect_z) < params.min_effect
+    # A rollout/train probability gap that jumps from 1e-8 to 1e-3 and then scatters over two
+    # decades: on a linear scale the post-onset spread is the noise and the jump is "1 sigma";
+    # on a log scale it is five decades over a spread of a fraction of one.
+    ly = _log_values(y)
+    if ly is not None:
+        lon, lp = _find_onset(ly, params)
+        if lon is not None:
+            shift = float(np.median(ly[lon:]) - np.median(ly[:lon]))
+            log_z = shift / max(_robust_scale(ly[:lon]), _noise_scale(ly), 1e-6)
+            wanted = LOG_MIN_DECADES if linear_weak else LOG_PREFERRED_DECADES
+            if abs(shift) >= wanted and abs(log_z) >= params.min_effect:
+                raw = _levels(x, y, block, lon, lp, params, effect_z=log_z)
+    return raw
+
+
+def _levels(x: np.ndarray, y: np.ndarray, block: int, onset: int | None, onset_p: float,
+            params: SignatureParams, effect_z: float | None = None) -> _Raw:
+    """Baseline/post levels, the standardised effect and the post-onset trend for an onset (an
+    index into the block means ``y``; None: the first ``baseline_fraction`` is the baseline)."""
+    if onset is not None:
         ob = onset * block
         pre_x = x[:ob]
         post_x = x[ob:]
@@ -365,7 +411,8 @@ def _analyse(series: CanonicalSeries, params: SignatureParams) -> _Raw:
     pre_level = float(np.median(pre_x))
     post_level = float(np.median(post_x))
     scale = max(_robust_scale(pre_x), _noise_scale(pre_x), _noise_scale(y), _scale_floor(pre_level))
-    effect_z = (post_level - pre_level) / scale
+    if effect_z is None:
+        effect_z = (post_level - pre_level) / scale
     seg = y[onset:] if onset is not None else y
     slope, tp, teff = _trend_test(seg)
     return _Raw(None if onset is None else onset * block, onset_p, effect_z, pre_level, post_level,

@@ -96,3 +96,17 @@ def test_short_and_partial_runs_do_not_fail():
     for n in (1, 2, 5, 9):
         sig = _sig({"x": np.arange(float(n))})
         assert sig.metrics["x"].n_points == n
+
+
+def test_a_jump_of_decades_in_a_scattered_positive_metric_is_an_onset():
+    """A rollout/train probability gap jumps from ~1e-8 to ~1e-3 and then scatters over two
+    decades: on a linear scale its post-onset spread swamps the jump; on a log scale it is the
+    change of the run."""
+    rng = np.random.default_rng(7)
+    pre = np.abs(rng.normal(2e-8, 2e-8, size=12))
+    post = 10 ** rng.uniform(-4.5, -2.0, size=16)
+    sig = _sig({"x": np.concatenate([pre, post])})
+    m = sig.metrics["x"]
+    assert m.direction == 1 and m.onset_index == 12 and m.ratio > 1e3
+    flat = _sig({"x": np.abs(rng.normal(2e-8, 2e-8, size=28))})  # noise over decades, no change
+    assert flat.metrics["x"].direction == 0
