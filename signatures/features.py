@@ -479,12 +479,19 @@ def _freeze_index(x: np.ndarray, min_segment: int) -> int | None:
     """First index from which the series is constant to the end (at least ``min_segment`` points),
     when it varied before it."""
     n = x.size
-    if n < 2 * min_segment:
+    if n < 2 * min_segment or not np.all(np.isfinite(x)):
         return None
-    tol = 1e-9 * (float(np.abs(x).max()) + 1e-30)
-    diff = np.abs(np.diff(x)) > tol
-    moving = np.flatnonzero(diff)
+    # "Constant" up to float rounding at the run's own scale: a ppo_kl of ~1e-4 that collapses to 0
+    # when the optimizer stops stepping still shows ±1e-9 from fp32 log-prob round-off.
+    tol = FREEZE_TOLERANCE * (float(np.abs(x).max()) + 1e-30)
+    ref = float(np.median(x[-min_segment:]))
+    off = np.abs(x - ref) > tol
+    moving = np.flatnonzero(off)
     if moving.size == 0:
         return None  # constant from the start: nothing froze
     i = int(moving[-1]) + 1
     return i if n - i >= min_segment and i >= min_segment else None
+
+
+#: Relative tolerance (to the largest |value| of the run) within which a frozen metric is constant.
+FREEZE_TOLERANCE = 1e-5

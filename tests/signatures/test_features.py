@@ -110,3 +110,13 @@ def test_a_jump_of_decades_in_a_scattered_positive_metric_is_an_onset():
     assert m.direction == 1 and m.onset_index == 12 and m.ratio > 1e3
     flat = _sig({"x": np.abs(rng.normal(2e-8, 2e-8, size=28))})  # noise over decades, no change
     assert flat.metrics["x"].direction == 0
+
+
+def test_a_freeze_tolerates_float_round_off_but_not_real_variation():
+    rng = np.random.default_rng(5)
+    kl = rng.normal(0, 1e-3, size=30)
+    kl[12:] = 0.0
+    kl[[17, 22, 26]] = [1.2e-9, -2e-9, 1e-9]  # fp32 round-off of log-probs that no longer move
+    assert _sig({"x": kl}).metrics["x"].freeze_index == 12
+    healthy = rng.normal(0, 1e-3, size=30)
+    assert _sig({"x": healthy}).metrics["x"].freeze_index is None
