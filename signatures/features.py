@@ -77,7 +77,7 @@ class MetricSignature:
     baseline_scale: float
     post_level: float
     trend: Sign  # post-onset (or whole-run) trend sign, significant after BH
-    trend_slope: float  # Theil–Sen slope per grid point of that segment
+    trend_slope: float  # Theil–Sen slope per grid point of that segment (log10 units when located on a log scale)
     trend_p: float
     first_nonfinite_step: int | None
     nonfinite_count: int
@@ -392,14 +392,17 @@ def _analyse(series: CanonicalSeries, params: SignatureParams) -> _Raw:
             log_z = shift / max(_robust_scale(ly[:lon]), _noise_scale(ly), 1e-6)
             wanted = LOG_MIN_DECADES if linear_weak else LOG_PREFERRED_DECADES
             if abs(shift) >= wanted and abs(log_z) >= params.min_effect:
-                raw = _levels(x, y, block, lon, lp, params, effect_z=log_z)
+                raw = _levels(x, y, block, lon, lp, params, effect_z=log_z, trend_of=ly)
     return raw
 
 
 def _levels(x: np.ndarray, y: np.ndarray, block: int, onset: int | None, onset_p: float,
-            params: SignatureParams, effect_z: float | None = None) -> _Raw:
+            params: SignatureParams, effect_z: float | None = None, trend_of: np.ndarray | None = None) -> _Raw:
     """Baseline/post levels, the standardised effect and the post-onset trend for an onset (an
-    index into the block means ``y``; None: the first ``baseline_fraction`` is the baseline)."""
+    index into the block means ``y``; None: the first ``baseline_fraction`` is the baseline).
+    ``trend_of``: the series the trend is tested on (the log values when the onset was located on a
+    log scale: a gap that doubles with the age of stale weights grows on that scale, while its
+    linear trend drowns in the scatter)."""
     if onset is not None:
         ob = onset * block
         pre_x = x[:ob]
@@ -413,7 +416,8 @@ def _levels(x: np.ndarray, y: np.ndarray, block: int, onset: int | None, onset_p
     scale = max(_robust_scale(pre_x), _noise_scale(pre_x), _noise_scale(y), _scale_floor(pre_level))
     if effect_z is None:
         effect_z = (post_level - pre_level) / scale
-    seg = y[onset:] if onset is not None else y
+    t = y if trend_of is None else trend_of
+    seg = t[onset:] if onset is not None else t
     slope, tp, teff = _trend_test(seg)
     return _Raw(None if onset is None else onset * block, onset_p, effect_z, pre_level, post_level,
                 scale, slope / block, tp, teff)

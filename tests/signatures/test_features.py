@@ -120,3 +120,16 @@ def test_a_freeze_tolerates_float_round_off_but_not_real_variation():
     assert _sig({"x": kl}).metrics["x"].freeze_index == 12
     healthy = rng.normal(0, 1e-3, size=30)
     assert _sig({"x": healthy}).metrics["x"].freeze_index is None
+
+
+def test_a_log_located_metric_gets_its_trend_on_the_log_scale():
+    """A gap that jumps by decades and then keeps doubling (stale rollout weights growing older)
+    rises on a log scale; one that jumps and scatters around a level (operator noise) does not."""
+    rng = np.random.default_rng(11)
+    pre = np.abs(rng.normal(2e-8, 2e-8, size=10))
+    growing = 10 ** (-4.0 + 0.12 * np.arange(20) + rng.normal(0, 0.25, size=20))
+    level = 10 ** (-3.0 + rng.normal(0, 0.25, size=20))
+    up = _sig({"x": np.concatenate([pre, growing])}).metrics["x"]
+    flat = _sig({"x": np.concatenate([pre, level])}).metrics["x"]
+    assert up.direction == 1 and up.trend == 1
+    assert flat.direction == 1 and flat.trend == 0
