@@ -154,9 +154,8 @@ def test_freeze_rate_is_learnt_from_the_fault_runs(synthetic_library):
 
 
 def test_a_tiny_metric_that_freezes_without_a_shift_is_described_as_stopped():
-    from moeproxy.signatures.canonical import RunMetrics
+    from moeproxy.signatures.canonical import RunMetrics, canonicalise
     from moeproxy.signatures.features import run_signature
-    from moeproxy.signatures.canonical import canonicalise
     from moeproxy.signatures.matching import describe_metric
 
     rng = np.random.default_rng(3)
