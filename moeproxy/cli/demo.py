@@ -1,4 +1,4 @@
-"""``moeproxy demo``: post the synthetic demo runs to a running service over REST."""
+"""``moeproxy demo``: post the recorded demo runs to a running service over REST."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ def demo(
     token: str | None = typer.Option(
         None, "--token", help="a token of the project to post into (default: $MOEPROXY_TOKEN)"
     ),
-    steps: int = typer.Option(200, min=10, max=10_000, help="steps per run"),
-    seed: int = typer.Option(0, help="seed of the synthetic model"),
 ) -> None:
-    """Post two SYNTHETIC verl-style runs (healthy, and rollout_logp_precision from step 60)."""
+    """Post two recorded GRPO runs of the reproduction engine on the qwen3-moe-64e reference model
+    (verl metric names): a healthy one, and its twin with bf16 rollout log-probs from step 11."""
     import httpx
 
     from moeproxy.demo import post_demo
@@ -25,7 +24,7 @@ def demo(
         typer.echo("error: give --token (from `moeproxy token create --project demo`) or set MOEPROXY_TOKEN", err=True)
         raise typer.Exit(code=2)
     try:
-        runs = post_demo(url, token, n_steps=steps, seed=seed, progress=typer.echo)
+        runs = post_demo(url, token, progress=typer.echo)
     except httpx.HTTPStatusError as exc:
         typer.echo(f"error: the service answered {exc.response.status_code}: {exc.response.text[:300]}", err=True)
         raise typer.Exit(code=2) from None

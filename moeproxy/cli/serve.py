@@ -46,7 +46,7 @@ def _post_demo_when_ready(base_url: str, database_url: str) -> None:
     for run in runs:
         typer.echo(f"demo: {run['name']}: {base_url}/runs/{run['id']}")
     typer.echo(f"demo: token for project '{DEMO_PROJECT}': {secret}")
-    typer.echo(f"Open {base_url}/  (synthetic demo data; Ctrl-C stops the service)")
+    typer.echo(f"Open {base_url}/  (demo: two recorded engine runs; Ctrl-C stops the service)")
 
 
 def serve(
@@ -58,7 +58,7 @@ def serve(
     database_url: str | None = typer.Option(
         None, "--database-url", help="overrides MOEPROXY_DATABASE_URL (default: a SQLite file in the user data dir)"
     ),
-    demo: bool = typer.Option(False, "--demo", help="once ready, post two synthetic demo runs through the REST API"),
+    demo: bool = typer.Option(False, "--demo", help="once ready, post two recorded demo runs (healthy, bf16 rollout) through the REST API"),
     upgrade: bool = typer.Option(True, "--upgrade/--no-upgrade", help="apply database migrations before starting"),
     log_level: str = typer.Option("info", envvar="MOEPROXY_LOG_LEVEL", help="uvicorn log level"),
 ) -> None:

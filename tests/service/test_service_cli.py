@@ -98,7 +98,7 @@ def test_models_and_migrations_agree(engine):
     assert diff == []
 
 
-def test_serve_demo_posts_synthetic_runs_through_the_api(tmp_path):
+def test_serve_demo_posts_the_recorded_runs_through_the_api(tmp_path):
     """README's first command, minus the install: `moeproxy serve --demo` on the SQLite default."""
     port = free_port()
     data = tmp_path / "data"
@@ -123,14 +123,14 @@ def test_serve_demo_posts_synthetic_runs_through_the_api(tmp_path):
         token = next(line.split(": ")[-1].strip() for line in lines if "token for project 'demo'" in line)
         h = {"Authorization": f"Bearer {token}"}
         runs = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", headers=h).json()["runs"]
-        assert {r["name"] for r in runs} == {"demo-grpo-qwen3-30b-a3b-healthy", "demo-grpo-qwen3-30b-a3b-bf16-rollout"}
-        assert all("synthetic" in r["tags"] and r["config"]["synthetic"] is True for r in runs)
+        assert {r["name"] for r in runs} == {"demo-grpo-qwen3-moe-64e-healthy", "demo-grpo-qwen3-moe-64e-bf16-rollout"}
+        assert all("demo" in r["tags"] and r["config"]["demo"] is True for r in runs)
         faulty = next(r for r in runs if r["config"]["injected_fault"] == "rollout_logp_precision")
         series = httpx.get(
             f"http://127.0.0.1:{port}/api/v1/runs/{faulty['id']}/metrics?names=training/rollout_probs_diff_mean",
             headers=h,
         ).json()["metrics"]["training/rollout_probs_diff_mean"]
-        assert series["steps"] == list(range(200))
+        assert series["steps"] == list(range(24))
         onset = faulty["config"]["onset_step"]
         before, after = series["values"][:onset], series["values"][onset + 1 :]
         assert min(after) > 2 * max(before)  # the visible fault

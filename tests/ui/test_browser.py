@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def served(tmp_path, fingerprint_library):
+def served(tmp_path):
     from moeproxy import migrations
     from moeproxy.config import Settings
     from moeproxy.service.app import create_app
@@ -50,7 +50,9 @@ def served(tmp_path, fingerprint_library):
     with database.scope() as s:
         _row, token = tokens.create_token(s, "demo")
     app = create_app(
-        Settings(database_url=url, fingerprints=fingerprint_library, triage_interval_s=0.5), database=database
+        # The shipped fingerprint library (fingerprints=None): the demo runs are recorded engine
+        # runs, and the page must show what a user of `serve --demo` sees.
+        Settings(database_url=url, fingerprints=None, triage_interval_s=0.5), database=database
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,11 +106,11 @@ def test_demo_run_page_in_chromium(served):
 
             # The run is live: new metrics -> live triage re-evaluates -> the open page reloads itself.
             assert page.locator("#run-page").get_attribute("data-live") == "1"
-            more = [{"step": s, "values": {"critic/score/mean": 0.3, "actor/ppo_kl": 0.01}} for s in range(200, 220)]
+            more = [{"step": s, "values": {"critic/score/mean": 0.3, "actor/ppo_kl": 0.01}} for s in range(24, 44)]
             httpx.post(f"{base}/api/v1/runs/{faulty['id']}/metrics", json={"steps": more},
                        headers={"Authorization": f"Bearer {token}"}).raise_for_status()
             page.wait_for_function(
-                "() => document.querySelector('dl.meta').innerText.includes('219')", timeout=60_000
+                "() => document.querySelector('dl.meta').innerText.includes('43')", timeout=60_000
             )
 
             page.locator("#candidates a[href='/faults#rollout_logp_precision']").first.click()

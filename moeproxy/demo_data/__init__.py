@@ -1,0 +1,1 @@
+"""Recorded demo traces (JSONL) posted by ``moeproxy serve --demo``; see moeproxy.demo."""
