@@ -35,7 +35,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,33 +103,6 @@ def measure(path: Path, config, prompts: list[str], *, categories: bool) -> dict
     return {"generation": {**g, "wall_s": t_gen}, "rl_step": {**r, "wall_s": t_rl}}
 
 
-_RSS_PROBE = """
-import json, sys, torch
-torch.set_num_threads(1)
-from moeproxy.reproduction.config import EngineConfig
-from moeproxy.reproduction.device import current_rss_mb, peak_memory_mb, reset_peak, resolve_device
-from moeproxy.reproduction.engine import GRPOEngine
-from transformers import AutoConfig, AutoModelForCausalLM
-with torch.device("meta"):  # import every module the model needs, allocate nothing
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1]))
-base = current_rss_mb()
-e = GRPOEngine(sys.argv[1], config=EngineConfig.from_dict(json.loads(sys.argv[2])), seed=0)
-e.step(0)
-peak = peak_memory_mb(resolve_device("cpu"))  # VmHWM, which the engine rewinds at the step start
-print(json.dumps({"peak_rss_mb": peak, "rss_before_load_mb": base, "run_mb": peak - base}))
-"""
-
-
-def rss_probe(path: Path, config) -> dict:
-    """The old figure: peak RSS of engine construction + one RL step in a fresh process."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _RSS_PROBE, str(path), json.dumps(config.to_dict())],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1]) if lines else {"error": proc.stderr[-500:]}
-
-
 def _ratio(a, b):
     return None if a is None or not b else a / b
 
@@ -191,13 +163,15 @@ def markdown(result: dict) -> str:
 
 
 def run_model(model: Path, args, config, prompts) -> dict:
+    from moeproxy.reproduction.memory import rss_probe
+
     variants = {}
     for name, (path, ratio) in build_proxies(model, args.work, args.keep_ratios).items():
         t = time.perf_counter()
         v = {"path": str(path), "keep_ratio": ratio, "parameters": checkpoint_parameters(path)}
         v.update(measure(path, config, prompts, categories=args.categories))
         if args.rss:
-            v["rss"] = rss_probe(path, config)
+            v["rss"] = rss_probe(path, config, steps=1)
         log(f"{model.name}/{name}: generation {v['generation']['peak_bytes'] / 2**20:.2f} MiB, "
             f"RL step {v['rl_step']['peak_bytes'] / 2**20:.2f} MiB ({time.perf_counter() - t:.0f} s)")
         variants[name] = v

@@ -281,35 +281,12 @@ def cost_summary(costs: dict[str, list[dict]]) -> dict:
     return out
 
 
-_PROBE = """
-import json, sys, torch
-torch.set_num_threads(1)
-from moeproxy.reproduction.config import EngineConfig
-from moeproxy.reproduction.device import current_rss_mb
-from moeproxy.reproduction.engine import GRPOEngine
-from transformers import AutoConfig, AutoModelForCausalLM
-with torch.device("meta"):  # import every module the model needs, allocate nothing
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1]))
-base = current_rss_mb()
-e = GRPOEngine(sys.argv[1], config=EngineConfig.from_dict(json.loads(sys.argv[2])), seed=0)
-peaks = [e.step(k)["perf/peak_memory_mb"] for k in range(int(sys.argv[3]))]
-print(json.dumps({"peak_rss_mb": max(peaks), "rss_before_load_mb": base, "run_mb": max(peaks) - base}))
-"""
-
-
 def memory_probe(models: dict[str, Path], config, steps: int = 3) -> dict:
     """Peak RSS of a few RL steps in a fresh process per model, minus its RSS before loading
     (in one long process freed pages stay mapped, which hides the difference)."""
-    import subprocess
+    from moeproxy.reproduction.memory import rss_probe
 
-    out = {}
-    for name, path in models.items():
-        proc = subprocess.run(
-            [sys.executable, "-c", _PROBE, str(path), json.dumps(config.to_dict()), str(steps)],
-            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        out[name] = json.loads(lines[-1]) if lines else {"error": proc.stderr[-500:]}
+    out = {name: rss_probe(path, config, steps) for name, path in models.items()}
     base = out["original"].get("run_mb")
     for name in out:
         if base and "run_mb" in out[name]:

@@ -662,3 +662,39 @@ def peak_rl_step_memory(
         parameter_bytes = tensor_bytes(engine.trainer_policy.model)
         copies = 2 + (engine.trainer.ref is not None)
     return RLStepMemory(str(path), config.to_dict(), steps, parameter_bytes, copies, meter.result)
+
+
+# --- the process-RSS figure --------------------------------------------------------------------------
+
+_RSS_PROBE = """
+import json, sys, torch
+torch.set_num_threads(1)
+from moeproxy.reproduction.config import EngineConfig
+from moeproxy.reproduction.device import current_rss_mb
+from moeproxy.reproduction.engine import GRPOEngine
+from transformers import AutoConfig, AutoModelForCausalLM
+with torch.device("meta"):  # import every module the model needs, allocate nothing
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1]))
+base = current_rss_mb()
+e = GRPOEngine(sys.argv[1], config=EngineConfig.from_dict(json.loads(sys.argv[2])), seed=0)
+peaks = [e.step(k)["perf/peak_memory_mb"] for k in range(int(sys.argv[3]))]
+print(json.dumps({"peak_rss_mb": max(peaks), "rss_before_load_mb": base, "run_mb": max(peaks) - base}))
+"""
+
+
+def rss_probe(model_dir: str | Path, config: Any, steps: int = 1) -> dict[str, Any]:
+    """Peak RSS of engine construction + ``steps`` RL steps in a fresh process, minus its RSS before
+    loading (in one long process freed pages stay mapped, which hides differences). The process
+    figure the engine reports as ``perf/peak_memory_mb``, kept for comparison with the tensor peak."""
+    import json
+    import subprocess
+    import sys
+
+    if steps < 1:
+        raise InvalidMemoryRequest("steps must be >= 1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, str(model_dir), json.dumps(config.to_dict()), str(steps)],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"error": proc.stderr[-500:]}

@@ -238,3 +238,14 @@ def test_bad_requests_fail_before_work(tmp_path, tiny):
         peak_rl_step_memory(tiny, config={"lr": 1.0})
     with pytest.raises(InvalidMemoryRequest, match="negative"):
         measure_tensor_memory("cpu", live_at_start=-1).__enter__()
+
+
+def test_rss_probe_reports_the_process_figure_of_a_fresh_engine(tiny):
+    from moeproxy.reproduction.memory import rss_probe
+
+    out = rss_probe(tiny, small_config(), steps=1)
+    assert "error" not in out, out
+    assert out["peak_rss_mb"] >= out["rss_before_load_mb"] > 0
+    assert out["run_mb"] == pytest.approx(out["peak_rss_mb"] - out["rss_before_load_mb"])
+    with pytest.raises(InvalidMemoryRequest, match="steps"):
+        rss_probe(tiny, small_config(), steps=0)
