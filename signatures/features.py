@@ -384,13 +384,15 @@ def _analyse(series: CanonicalSeries, params: SignatureParams) -> _Raw:
     # A rollout/train probability gap that jumps from 1e-8 to 1e-3 and then scatters over two
     # decades: on a linear scale the post-onset spread is the noise and the jump is "1 sigma";
     # on a log scale it is five decades over a spread of a fraction of one.
+    wanted = LOG_MIN_DECADES if linear_weak else LOG_PREFERRED_DECADES
     ly = _log_values(y)
-    if ly is not None:
+    # A shift of medians cannot exceed the series' own range: most metrics never span a decade, and
+    # skipping them keeps the second change-point search off the triage hot path.
+    if ly is not None and np.ptp(ly) >= wanted:
         lon, lp = _find_onset(ly, params)
         if lon is not None:
             shift = float(np.median(ly[lon:]) - np.median(ly[:lon]))
             log_z = shift / max(_robust_scale(ly[:lon]), _noise_scale(ly), 1e-6)
-            wanted = LOG_MIN_DECADES if linear_weak else LOG_PREFERRED_DECADES
             if abs(shift) >= wanted and abs(log_z) >= params.min_effect:
                 raw = _levels(x, y, block, lon, lp, params, effect_z=log_z, trend_of=ly)
     return raw
