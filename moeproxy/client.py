@@ -76,7 +76,8 @@ class BatchRejected(Exception):
 _KEEP_ON_REJECT = frozenset({401, 403, 404})
 
 
-def _encode_value(value: float) -> float | str:
+def encode_value(value: float) -> float | str:
+    """The REST body form of a number: non-finite values as "NaN" / "Infinity" / "-Infinity"."""
     if math.isfinite(value):
         return value
     if math.isnan(value):
@@ -244,7 +245,7 @@ class MetricsClient:
                 # RuntimeError/ValueError: a tensor or array with more than one element
                 self._warn_once(name, type(value).__name__)
                 continue
-            clean[name] = _encode_value(number)
+            clean[name] = encode_value(number)
         return clean
 
     def _warn_once(self, name: str, what: str) -> None:
@@ -469,7 +470,7 @@ def _jsonable(config: Mapping[str, Any]) -> dict[str, Any]:
 
     def strict(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
-            return _encode_value(value)
+            return encode_value(value)
         if isinstance(value, dict):
             return {str(k): strict(v) for k, v in value.items()}
         if isinstance(value, list):

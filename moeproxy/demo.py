@@ -25,10 +25,11 @@ This module talks to the service over HTTP only (it is client-side code).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from moeproxy.client import encode_value
 
 DEMO_PROJECT = "demo"
 DATA_DIR = Path(__file__).resolve().parent / "demo_data"
@@ -88,16 +89,10 @@ def _read_trace(path: Path) -> dict[int, dict[str, float | str]]:
     for line in path.read_text().splitlines():
         if line.strip():
             item = json.loads(line)
-            steps[int(item["step"])] = {k: _json_value(v) for k, v in item["values"].items()}
+            # json.loads reads NaN/Infinity literals as floats, which a strict JSON encoder refuses;
+            # the REST body takes them as the strings of SPEC section 5.
+            steps[int(item["step"])] = {k: encode_value(float(v)) for k, v in item["values"].items()}
     return steps
-
-
-def _json_value(value: float | str) -> float | str:
-    # json.loads reads NaN/Infinity literals as floats, which a strict JSON encoder refuses; the
-    # REST body takes them as the strings of SPEC section 5.
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return value
 
 
 def demo_runs(data_dir: Path = DATA_DIR) -> list[DemoRun]:
