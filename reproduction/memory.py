@@ -56,7 +56,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from moeproxy.reproduction.errors import ReproductionError
 
@@ -518,25 +518,33 @@ def _check_model_dir(model_dir: str | Path) -> Path:
     return path
 
 
+class _PhaseFigure:
+    """A measured block whose reported figure is the peak of one of its phases (``FIGURE_PHASE``)."""
+
+    FIGURE_PHASE: ClassVar[str]
+    memory: TensorMemory
+
+    @property
+    def peak(self) -> TensorMemory:
+        return self.memory.phases[self.FIGURE_PHASE]
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak.peak_bytes
+
+
 @dataclass(frozen=True)
-class GenerationMemory:
+class GenerationMemory(_PhaseFigure):
     """``memory`` is the whole block, with phases ``load`` and ``generate``; the figure is the
     peak of ``generate``: the weights and everything generation adds (KV cache, activations)."""
 
+    FIGURE_PHASE: ClassVar[str] = "generate"
     model_dir: str
     batch_size: int
     prompt_tokens: int
     max_new_tokens: int
     parameter_bytes: int  # parameters + buffers of the loaded model
     memory: TensorMemory
-
-    @property
-    def peak(self) -> TensorMemory:
-        return self.memory.phases["generate"]
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.peak.peak_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -595,24 +603,17 @@ def peak_generation_memory(
 
 
 @dataclass(frozen=True)
-class RLStepMemory:
+class RLStepMemory(_PhaseFigure):
     """``memory`` is the whole block, with phases ``engine`` (three policy copies loaded) and
     ``steps``; the figure is the peak of ``steps``."""
 
+    FIGURE_PHASE: ClassVar[str] = "steps"
     model_dir: str
     engine: dict[str, Any]  # EngineConfig.to_dict()
     steps: int
     parameter_bytes: int  # parameters + buffers of one policy copy
     copies: int  # policy copies the engine holds (trainer, rollout, reference)
     memory: TensorMemory
-
-    @property
-    def peak(self) -> TensorMemory:
-        return self.memory.phases["steps"]
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.peak.peak_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
