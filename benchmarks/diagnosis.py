@@ -67,17 +67,23 @@ def stage_library(work: Path, proxy: Path, library: Path, campaign: Path) -> Non
              "--work", str(work / "campaign"), "--campaign", str(campaign))
 
 
-def heldout_jobs(campaign: Path) -> list[tuple[str, dict]]:
+def heldout_jobs(campaign: Path, onset: int = HELDOUT_ONSET) -> list[tuple[str, dict]]:
     from moeproxy.reproduction.catalogue import FAULT_CLASSES
     from moeproxy.reproduction.faults import injector_class
 
-    jobs = []
+    jobs, seen = [], set()
     for job in json.loads(campaign.read_text())["jobs"]:
         cls, params = job["fault_class"], dict(job.get("params") or {})
         if cls == "healthy":
             continue
         variant = params.pop("variant", FAULT_CLASSES[cls].variants[0])
-        params["onset"] = HELDOUT_ONSET
+        # One held-out job per class and variant: the library may hold several magnitudes of it,
+        # the held-out runs use their own (the default × HELDOUT_MAGNITUDE_FACTOR).
+        if (cls, variant) in seen:
+            continue
+        seen.add((cls, variant))
+        params.pop("magnitude", None)
+        params["onset"] = onset
         defaults = injector_class(cls, variant).defaults
         if isinstance(defaults.get("magnitude"), int | float):
             params["magnitude"] = defaults["magnitude"] * HELDOUT_MAGNITUDE_FACTOR
@@ -86,10 +92,10 @@ def heldout_jobs(campaign: Path) -> list[tuple[str, dict]]:
 
 
 def stage_heldout(work: Path, original: Path, campaign: Path, steps: int, seeds: tuple[int, ...],
-                  name: str) -> Path:
+                  name: str, onset: int = HELDOUT_ONSET) -> Path:
     base = work / name
     seeds = ",".join(map(str, seeds))
-    todo = [("healthy", {})] + heldout_jobs(campaign)
+    todo = [("healthy", {})] + heldout_jobs(campaign, onset)
     for cls, params in todo:
         d = base / cls
         if (d / "manifest.json").exists():
@@ -106,7 +112,8 @@ def stage_heldout(work: Path, original: Path, campaign: Path, steps: int, seeds:
     return base
 
 
-def stage_evaluate(base: Path, library_path: Path, out: Path, original: Path, seeds: tuple[int, ...]) -> dict:
+def stage_evaluate(base: Path, library_path: Path, out: Path, original: Path, seeds: tuple[int, ...],
+                   onset: int = HELDOUT_ONSET) -> dict:
     from moeproxy.signatures import dtw
     from moeproxy.signatures.build import load_trace_dir
     from moeproxy.signatures.canonical import canonicalise
@@ -172,7 +179,7 @@ def stage_evaluate(base: Path, library_path: Path, out: Path, original: Path, se
         "loco_runs": loco_total,
         "triage_latency_median_s": statistics.median(latencies),
         "rows": rows,
-        "heldout": {"original": str(original), "seeds": list(seeds), "onset": HELDOUT_ONSET,
+        "heldout": {"original": str(original), "seeds": list(seeds), "onset": onset,
                     "magnitude_factor": HELDOUT_MAGNITUDE_FACTOR, "traces": str(base)},
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
     }
@@ -195,6 +202,8 @@ def main() -> None:
     ap.add_argument("--stages", default="original,proxy,library,heldout,evaluate")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "diagnosis.json"))
     ap.add_argument("--heldout-seeds", default=",".join(map(str, HELDOUT_SEEDS)))
+    ap.add_argument("--heldout-onset", type=int, default=HELDOUT_ONSET,
+                    help="fault onset of the held-out runs (the library's runs use the campaign's)")
     ap.add_argument("--heldout-dir", default="heldout-original",
                     help="folder under --work for the held-out runs (one per original model)")
     args = ap.parse_args()
@@ -210,10 +219,11 @@ def main() -> None:
     if "library" in stages:
         stage_library(work, proxy, Path(args.library), campaign)
     if "heldout" in stages or "evaluate" in stages:
-        base = (stage_heldout(work, original, campaign, steps, seeds, args.heldout_dir) if "heldout" in stages
+        base = (stage_heldout(work, original, campaign, steps, seeds, args.heldout_dir,
+                                     args.heldout_onset) if "heldout" in stages
                 else work / args.heldout_dir)
     if "evaluate" in stages:
-        stage_evaluate(base, Path(args.library), Path(args.out), original, seeds)
+        stage_evaluate(base, Path(args.library), Path(args.out), original, seeds, args.heldout_onset)
 
 
 if __name__ == "__main__":

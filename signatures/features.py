@@ -496,8 +496,17 @@ def _freeze_index(x: np.ndarray, min_segment: int) -> int | None:
     if moving.size == 0:
         return None  # constant from the start: nothing froze
     i = int(moving[-1]) + 1
-    return i if n - i >= min_segment and i >= min_segment else None
+    if n - i < min_segment or i < min_segment:
+        return None
+    # A metric that sits at a bound most of the time (critic/rewards/max at 1.0, pg_clipfrac at
+    # 0 on a saturated reward) and happens to end on a run of it has not stopped moving: a
+    # freeze is a value the metric rarely took before, as ppo_kl at exactly 0 once updates stop.
+    if np.mean(np.abs(x[:i] - ref) <= tol) > FREEZE_MAX_PRIOR_SHARE:
+        return None
+    return i
 
 
 #: Relative tolerance (to the largest |value| of the run) within which a frozen metric is constant.
 FREEZE_TOLERANCE = 1e-5
+#: Largest share of the points before a freeze that may already sit at the frozen value.
+FREEZE_MAX_PRIOR_SHARE = 1.0 / 3.0

@@ -37,7 +37,7 @@ from moeproxy.signatures import dtw
 from moeproxy.signatures.canonical import CanonicalRun, RunMetrics, canonicalise
 from moeproxy.signatures.features import MetricSignature, RunSignature, run_signature
 from moeproxy.signatures.fingerprint import Fingerprint, FingerprintLibrary, MetricExpectation
-from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, MetricAlias
+from moeproxy.signatures.vocabulary import CONTROL_METRICS, DEFAULT_ALIASES, MetricAlias
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Weights:
     direction_affected: float = 1.0
     direction_unaffected: float = 0.1
     surprise_change: float = 1.0  # an "unaffected" metric that changed in the run
+    control_surprise: float = 8.0  # the same for a setting (vocabulary.CONTROL_METRICS: lr, kl_coef)
     shape: float = 1.0
     timing: float = 0.5
     nonfinite: float = 2.0
@@ -251,11 +252,14 @@ def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation
     parts: list[tuple[float, float]] = []
     # direction
     if exp.direction != 0:
-        s_dir = 1.0 if ms.direction == exp.direction else (0.25 if ms.direction == 0 else 0.0)
+        # A change the proxy runs showed in only some seeds is missed at a smaller cost.
+        missed = 0.25 + 0.75 * (1.0 - exp.agreement)
+        s_dir = 1.0 if ms.direction == exp.direction else (missed if ms.direction == 0 else 0.0)
         w_dir = w.direction_affected if exp.affected else w.direction_unaffected
     else:
         s_dir = 1.0 if ms.direction == 0 else 0.15
-        w_dir = w.surprise_change if ms.direction != 0 else (
+        surprise = w.control_surprise if ms.name in CONTROL_METRICS else w.surprise_change
+        w_dir = surprise if ms.direction != 0 else (
             w.direction_flat_affected if exp.affected else w.direction_unaffected)
     parts.append((w_dir, s_dir))
     # non-finite events

@@ -151,6 +151,11 @@ DEFAULT_ALIASES: tuple[MetricAlias, ...] = tuple(
 )
 
 # TRL logs one reward component per reward function as rewards/<function>/mean.
+#: Settings the trainer logs as metrics (canonical names, or logged names where there is no
+#: canonical one). A model fault cannot move them: they change when a person or a schedule does,
+#: so a change a fingerprint does not expect counts as strong evidence against it.
+CONTROL_METRICS: frozenset[str] = frozenset({"lr", "actor/kl_coef"})
+
 REWARD_COMPONENT_PREFIX = "rewards/"
 REWARD_COMPONENT_SUFFIX = "/mean"
 

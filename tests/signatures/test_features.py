@@ -122,6 +122,18 @@ def test_a_freeze_tolerates_float_round_off_but_not_real_variation():
     assert _sig({"x": healthy}).metrics["x"].freeze_index is None
 
 
+def test_a_metric_at_its_bound_that_ends_on_a_run_of_it_has_not_frozen():
+    """critic/rewards/max sits at 1.0 most of the time on a saturated reward, with a few dips; the
+    last steps at 1.0 are no freeze. ppo_kl at exactly 0 after moving every step before is one."""
+    rng = np.random.default_rng(9)
+    reward_max = np.ones(40)
+    reward_max[[3, 9, 17, 25, 31]] = rng.uniform(0.5, 0.9, size=5)
+    assert _sig({"x": reward_max}).metrics["x"].freeze_index is None
+    kl = rng.normal(0, 1e-3, size=40)
+    kl[31:] = 0.0
+    assert _sig({"x": kl}).metrics["x"].freeze_index == 31
+
+
 def test_a_log_located_metric_gets_its_trend_on_the_log_scale():
     """A gap that jumps by decades and then keeps doubling (stale rollout weights growing older)
     rises on a log scale; one that jumps and scatters around a level (operator noise) does not."""

@@ -167,3 +167,45 @@ def test_a_tiny_metric_that_freezes_without_a_shift_is_described_as_stopped():
     assert ms.frozen and ms.freeze_step == 24 and ms.freeze_value == 0.0
     text = describe_metric(ms)
     assert text is not None and "actor/ppo_kl" in text and "from step 24" in text
+
+
+def test_a_change_only_some_proxy_runs_showed_costs_less_when_missed(synthetic_library):
+    """A fingerprint metric whose direction 2 of 3 proxy seeds agreed on is a softer expectation
+    than one all seeds agreed on: a run without that change loses less of its score."""
+    from dataclasses import replace
+
+    from moeproxy.signatures.canonical import canonicalise
+    from moeproxy.signatures.features import run_signature
+    from moeproxy.signatures.matching import score_fingerprint
+
+    fp = next(f for f in synthetic_library.fingerprints if f.fault_class == "rollout_logp_precision")
+    name = next(m for m in fp.affected_metrics if fp.metrics[m].direction != 0)
+    sure = replace(fp, metrics={**fp.metrics, name: replace(fp.metrics[name], agreement=1.0)})
+    soft = replace(fp, metrics={**fp.metrics, name: replace(fp.metrics[name], agreement=2 / 3)})
+    sig = run_signature(canonicalise(synthetic_run("healthy", seed=31, **HELDOUT)), synthetic_library.params)
+    assert sig.metrics[name].direction == 0
+    by = {m.metric: m for m in score_fingerprint(sig, soft, synthetic_library).matches}
+    assert by[name].direction_score == pytest.approx(0.5)
+    assert score_fingerprint(sig, soft, synthetic_library).score > score_fingerprint(sig, sure, synthetic_library).score
+
+
+def test_an_unexplained_change_of_a_setting_counts_more_than_one_of_a_model_metric(synthetic_library):
+    """The learning rate is set, not learnt: a fingerprint that does not expect it to jump cannot
+    explain a run where it did, however well the model metrics downstream of it match."""
+    from dataclasses import replace
+
+    from moeproxy.signatures.canonical import canonicalise
+    from moeproxy.signatures.features import run_signature
+    from moeproxy.signatures.matching import WEIGHTS, score_fingerprint
+    from moeproxy.signatures.vocabulary import CONTROL_METRICS
+
+    assert "lr" in CONTROL_METRICS
+    sig = run_signature(canonicalise(synthetic_run("lr_misconfiguration", seed=41, **HELDOUT)),
+                        synthetic_library.params)
+    assert sig.metrics["lr"].direction == 1
+    fp = next(f for f in synthetic_library.fingerprints if f.fault_class == "reward_fault")
+    assert not fp.metrics["lr"].affected
+    as_any_metric = replace(WEIGHTS, control_surprise=WEIGHTS.surprise_change)
+    assert (score_fingerprint(sig, fp, synthetic_library).score
+            < score_fingerprint(sig, fp, synthetic_library, as_any_metric).score)
+    assert triage(sig, synthetic_library).candidates[0].fault_class == "lr_misconfiguration"
