@@ -173,6 +173,8 @@ def stage_evaluate(base: Path, library_path: Path, out: Path, original: Path, se
         "top3": sum(s["top3"] for s in per_class.values()) / n,
         "per_class": per_class,
         "confusion": confusion,
+        # Ranked first AND reported strong: what a user gets as a confident answer.
+        "correct_strong": sum(r["top"][0] == r["class"] and r["top_strength"] == "strong" for r in rows) / n,
         "healthy_runs": healthy_runs,
         "healthy_false_alarms": healthy_false_alarms,
         "loco_weak_rate": loco_weak / loco_total if loco_total else None,
@@ -185,7 +187,7 @@ def stage_evaluate(base: Path, library_path: Path, out: Path, original: Path, se
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(figures, indent=1) + "\n")
-    print(f"top-1 {figures['top1']:.0%}  top-3 {figures['top3']:.0%}  healthy false alarms "
+    print(f"top-1 {figures['top1']:.0%} (strong {figures['correct_strong']:.0%})  top-3 {figures['top3']:.0%}  healthy false alarms "
           f"{healthy_false_alarms}/{healthy_runs}  LOCO weak {figures['loco_weak_rate']}")
     for c, s in per_class.items():
         print(f"  {c:<24} top-1 {s['top1']}/{s['runs']}  top-3 {s['top3']}/{s['runs']}  -> {confusion.get(c)}")

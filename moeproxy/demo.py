@@ -3,17 +3,18 @@
 The traces in ``moeproxy/demo_data/`` were recorded once with
 
     moeproxy reproduce --model reproduction/models/qwen3-moe-64e --fault rollout_logp_precision \\
-        --variant bf16 --param onset=11 --steps 24 --seeds 7 --out DIR
+        --variant bf16 --param onset=14 --steps 40 --seeds 7 --out DIR
 
 i.e. real RL runs (rollout engine, GRPO trainer, weight sync) of the project's own small
 Qwen3-MoE reference model (64 experts, top-4, 8 layers) on the synthetic task suite, under verl's
 metric names: a healthy run, and its twin whose rollout engine computes log-probs in bf16 from
-step 11 (SPEC section 3, ``rollout_logp_precision``), the same length and onset as the diagnosis
+step 14 (SPEC section 3, ``rollout_logp_precision``), the same length and onset as the diagnosis
 benchmark's held-out runs. Seed 7 is used by neither the shipped fingerprint library nor that
-benchmark. With the shipped library the bf16 run is diagnosed ``rollout_logp_precision`` (strong,
-0.57); the healthy run gets no confident match (closest ``reward_fault``, weak 0.51: its reward
-climbs towards 1.0, so advantages and the policy loss fade, which is part of what a constant reward
-looks like). Both are what the product does on a run it has never seen. They are not production runs: every demo run
+benchmark. With the shipped library the bf16 run ranks ``rollout_logp_precision`` first (0.74,
+just under the calibrated strong threshold 0.76, so the verdict is "no confident match: closest is
+rollout_logp_precision"; the logp-discrepancy siblings ``stale_weight_sync`` and
+``operator_numeric_noise`` follow at 0.67); the healthy run is diagnosed healthy (strong). Both
+are what the product does on a run it has never seen. They are not production runs: every demo run
 carries the tag ``demo`` and ``config.demo = true`` with the recording command.
 
 Shipping recordings keeps the light install (no torch) able to show the product on real engine
@@ -35,7 +36,7 @@ DEMO_PROJECT = "demo"
 DATA_DIR = Path(__file__).resolve().parent / "demo_data"
 RECORDED_WITH = (
     "moeproxy reproduce --model reproduction/models/qwen3-moe-64e --fault rollout_logp_precision "
-    "--variant bf16 --param onset=11 --steps 24 --seeds 7"
+    "--variant bf16 --param onset=14 --steps 40 --seeds 7"
 )
 DEMO_NOTE = ("recorded GRPO run of the moeproxy reproduction engine on the qwen3-moe-64e reference model "
              "(synthetic task suite); a demo, not a production run")
@@ -76,7 +77,7 @@ class DemoRun:
 #: (run name, fault class, trace file, onset step)
 DEMO_RUNS: tuple[tuple[str, str, str, int | None], ...] = (
     ("demo-grpo-qwen3-moe-64e-healthy", "healthy", "healthy-seed7.jsonl", None),
-    ("demo-grpo-qwen3-moe-64e-bf16-rollout", "rollout_logp_precision", "rollout_logp_precision-seed7.jsonl", 11),
+    ("demo-grpo-qwen3-moe-64e-bf16-rollout", "rollout_logp_precision", "rollout_logp_precision-seed7.jsonl", 14),
 )
 
 

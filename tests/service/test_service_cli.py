@@ -130,7 +130,7 @@ def test_serve_demo_posts_the_recorded_runs_through_the_api(tmp_path):
             f"http://127.0.0.1:{port}/api/v1/runs/{faulty['id']}/metrics?names=training/rollout_probs_diff_mean",
             headers=h,
         ).json()["metrics"]["training/rollout_probs_diff_mean"]
-        assert series["steps"] == list(range(24))
+        assert series["steps"] == list(range(40))
         onset = faulty["config"]["onset_step"]
         before, after = series["values"][:onset], series["values"][onset + 1 :]
         assert min(after) > 2 * max(before)  # the visible fault
