@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT_SEEDS = (200, 201, 202)
-HELDOUT_ONSET = 11
+HELDOUT_ONSET = 14  # the library runs use onset 10 (signatures/library/campaign.json)
 HELDOUT_MAGNITUDE_FACTOR = 1.5  # where a variant takes a magnitude
 
 
