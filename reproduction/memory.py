@@ -522,6 +522,7 @@ class _PhaseFigure:
     """A measured block whose reported figure is the peak of one of its phases (``FIGURE_PHASE``)."""
 
     FIGURE_PHASE: ClassVar[str]
+    SETUP_PHASE: ClassVar[str]  # the phase before it (the model loaded), reported as <name>_peak_bytes
     memory: TensorMemory
 
     @property
@@ -532,6 +533,13 @@ class _PhaseFigure:
     def peak_bytes(self) -> int:
         return self.peak.peak_bytes
 
+    def _figures(self) -> dict[str, Any]:
+        return {
+            "peak_bytes": self.peak_bytes, "by_category": self.peak.by_category,
+            f"{self.SETUP_PHASE}_peak_bytes": self.memory.phases[self.SETUP_PHASE].peak_bytes,
+            "block": self.memory.to_dict(),
+        }
+
 
 @dataclass(frozen=True)
 class GenerationMemory(_PhaseFigure):
@@ -539,6 +547,7 @@ class GenerationMemory(_PhaseFigure):
     peak of ``generate``: the weights and everything generation adds (KV cache, activations)."""
 
     FIGURE_PHASE: ClassVar[str] = "generate"
+    SETUP_PHASE: ClassVar[str] = "load"
     model_dir: str
     batch_size: int
     prompt_tokens: int
@@ -550,8 +559,7 @@ class GenerationMemory(_PhaseFigure):
         return {
             "model_dir": self.model_dir, "batch_size": self.batch_size, "prompt_tokens": self.prompt_tokens,
             "max_new_tokens": self.max_new_tokens, "parameter_bytes": self.parameter_bytes,
-            "peak_bytes": self.peak_bytes, "by_category": self.peak.by_category,
-            "load_peak_bytes": self.memory.phases["load"].peak_bytes, "block": self.memory.to_dict(),
+            **self._figures(),
         }
 
 
@@ -608,6 +616,7 @@ class RLStepMemory(_PhaseFigure):
     ``steps``; the figure is the peak of ``steps``."""
 
     FIGURE_PHASE: ClassVar[str] = "steps"
+    SETUP_PHASE: ClassVar[str] = "engine"
     model_dir: str
     engine: dict[str, Any]  # EngineConfig.to_dict()
     steps: int
@@ -618,9 +627,7 @@ class RLStepMemory(_PhaseFigure):
     def to_dict(self) -> dict[str, Any]:
         return {
             "model_dir": self.model_dir, "engine": self.engine, "steps": self.steps,
-            "parameter_bytes": self.parameter_bytes, "copies": self.copies,
-            "peak_bytes": self.peak_bytes, "by_category": self.peak.by_category,
-            "engine_peak_bytes": self.memory.phases["engine"].peak_bytes, "block": self.memory.to_dict(),
+            "parameter_bytes": self.parameter_bytes, "copies": self.copies, **self._figures(),
         }
 
 
