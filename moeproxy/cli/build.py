@@ -116,9 +116,6 @@ def build(
     except ProxyBuildError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    except ImportError as exc:
-        typer.echo(f"error: {exc}; moeproxy build needs the [ml] extra (pip install 'moeproxy[ml]')", err=True)
-        raise typer.Exit(code=2) from None
     report = result.report
     if as_json:
         sys.stdout.write(json.dumps(report) + "\n")

@@ -14,7 +14,8 @@ def demo(
     ),
 ) -> None:
     """Post two recorded GRPO runs of the reproduction engine on the qwen3-moe-64e reference model
-    (verl metric names): a healthy one, and its twin with bf16 rollout log-probs from step 11."""
+    (verl metric names): a healthy one, and its twin whose rollout engine computes log-probs in bf16 from
+    part-way through the run."""
     import httpx
 
     from moeproxy.demo import post_demo

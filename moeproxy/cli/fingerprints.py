@@ -222,8 +222,14 @@ def generate(
 ) -> None:
     """Run a fingerprint campaign (classes × parameters × seeds) with the reproduction engine on a
     proxy, then build and calibrate the library from the traces."""
+    from moeproxy.extras import MissingExtra, require
     from moeproxy.signatures.campaign import CampaignError, default_campaign, load_campaign
 
+    try:
+        # Each job is a `moeproxy reproduce` process: without torch every one of them would fail.
+        require("ml", "fingerprints generate")
+    except MissingExtra as exc:
+        raise _fail(str(exc)) from None
     try:
         campaign = load_campaign(campaign_file) if campaign_file else default_campaign()
         campaign = campaign.override(
