@@ -156,7 +156,7 @@ def vanilla_policy_loss(
     """verl's ``compute_policy_loss_vanilla``: clipped surrogate with dual-clip for A < 0.
 
     Returns the aggregated loss and the detached metrics ``pg_clipfrac``, ``ppo_kl``,
-    ``pg_clipfrac_lower``."""
+    ``pg_clipfrac_lower`` (verl's) and ``clip_ratio/low``, ``clip_ratio/high`` (TRL's)."""
     neg_kl = torch.clamp(logp - old_logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(neg_kl)
     ppo_kl = masked_mean(-neg_kl, mask)
@@ -170,10 +170,16 @@ def vanilla_policy_loss(
     clipfrac_lower = masked_mean((torch.gt(clip1, losses3) & (adv < 0)).float(), mask)
     pg_losses = torch.where(adv < 0, clip2, clip1)
     loss = agg_loss(pg_losses, mask, agg_mode)
+    # TRL's GRPOTrainer counts clipping per side: a token is low-clipped when its ratio fell below
+    # 1 - eps with a negative advantage, high-clipped when it rose above 1 + eps with a positive one.
+    low = masked_mean(((ratio < 1 - clip_low) & (adv < 0)).float(), mask)
+    high = masked_mean(((ratio > 1 + clip_high) & (adv > 0)).float(), mask)
     metrics = {
         "pg_clipfrac": clipfrac.detach(),
         "ppo_kl": ppo_kl.detach(),
         "pg_clipfrac_lower": clipfrac_lower.detach(),
+        "clip_ratio/low": low.detach(),
+        "clip_ratio/high": high.detach(),
     }
     return loss, metrics
 

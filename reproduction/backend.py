@@ -79,6 +79,7 @@ class Backend(Protocol):
         out_dir: str | Path | None = None,
         with_healthy: bool = True,
         on_step: StepListener | None = None,
+        view: str = "verl",
     ) -> RunResult: ...
 
 
@@ -201,7 +202,15 @@ class LocalTorchBackend:
         out_dir: str | Path | None = None,
         with_healthy: bool = True,
         on_step: StepListener | None = None,
+        view: str = "verl",
     ) -> RunResult:
+        """Each seed's fault run and healthy twin; traces (in memory and on disk) written as the
+        framework ``view`` logs them (:mod:`moeproxy.reproduction.views`; ``raw`` keeps everything)."""
+        from moeproxy.reproduction.errors import UnknownView
+        from moeproxy.reproduction.views import VIEWS, project
+
+        if view not in VIEWS:
+            raise UnknownView(f"unknown view {view!r}; known: {sorted(VIEWS)}")
         config = config or EngineConfig()
         started = datetime.now(UTC)
         t0 = time.perf_counter()
@@ -222,6 +231,7 @@ class LocalTorchBackend:
                     listener = lambda k, v, _l=label, _s=seed: on_step(_l, _s, k, v)
                 trace, info = self.run_one(model, spec, seed, steps, config=config, device=device, on_step=listener)
                 described = info
+                trace = project(trace, view)
                 traces[(label, seed)] = trace
                 per_run.append({"run": label, "seed": seed, **info["cost"]})
                 if out is not None:
@@ -237,6 +247,7 @@ class LocalTorchBackend:
             "seeds": [int(s) for s in seeds],
             "steps": int(steps),
             "with_healthy": bool(with_healthy),
+            "view": view,
             "engine": config.to_dict(),
             "device": {"requested": device, "kind": dev.kind, "name": dev.name} if dev else {"requested": device},
             "threads": int(config.threads),
@@ -279,6 +290,7 @@ class RunRequest:
     device: str
     backend: str
     with_healthy: bool
+    view: str = "verl"
 
 
 def load_manifest(path: str | Path) -> RunRequest:
@@ -299,6 +311,7 @@ def load_manifest(path: str | Path) -> RunRequest:
             device=str(data.get("device", {}).get("requested", "cpu")),
             backend=str(data.get("backend", "local")),
             with_healthy=bool(data.get("with_healthy", True)),
+            view=str(data.get("view", "verl")),
         )
     except (KeyError, TypeError) as exc:
         raise InvalidManifest(f"{path}: missing or malformed field {exc}") from exc

@@ -30,6 +30,21 @@ class FaultClass:
     effects: tuple[ExpectedEffect, ...] = field(default=())
 
 
+#: Variants that are a wrong *setting* rather than a bug in code: a job reads its configuration once,
+#: so these are there from step 0 and logged at their faulty value from step 0 (issue 14). Every
+#: other variant is a code bug: it can appear at any step and leaves the logged configuration alone.
+CONFIGURATION_VARIANTS: frozenset[tuple[str, str]] = frozenset({
+    ("lr_misconfiguration", "lr_multiplier"),
+    ("lr_misconfiguration", "no_warmup"),
+    ("kl_misconfiguration", "zero_coef"),
+})
+
+
+def variant_kind(fault_class: str, variant: str) -> str:
+    """``configuration`` or ``code`` (see :data:`CONFIGURATION_VARIANTS`)."""
+    return "configuration" if (fault_class, variant) in CONFIGURATION_VARIANTS else "code"
+
+
 FAMILIES: dict[str, str] = {
     "framework": "framework / model-state consistency",
     "numerical": "operator / numerical consistency",

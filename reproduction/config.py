@@ -18,7 +18,7 @@ from moeproxy.reproduction.algos import KL_ESTIMATORS, LOSS_AGG_MODES
 from moeproxy.reproduction.device import DTYPES
 from moeproxy.reproduction.errors import InvalidEngineConfig
 
-LR_SCHEDULES = ("constant", "cosine")
+LR_SCHEDULES = ("constant", "cosine", "linear")  # linear decay to 0: TRL's (transformers') default
 OLD_LOGPROB_SOURCES = ("trainer", "rollout")
 
 
@@ -27,7 +27,7 @@ class EngineConfig:
     # rollout
     prompts_per_step: int = 16
     group_size: int = 4  # verl actor_rollout_ref.rollout.n
-    max_new_tokens: int = 12
+    max_new_tokens: int | None = None  # None: the model's response format decides (formats.py)
     temperature: float = 1.0
     rollout_dtype: str = "float32"
     # trainer
@@ -76,8 +76,8 @@ class EngineConfig:
             )
         if self.ppo_epochs < 1:
             bad("ppo_epochs must be >= 1")
-        if self.max_new_tokens < 1:
-            bad("max_new_tokens must be >= 1")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            bad("max_new_tokens must be >= 1 (or unset: the model's response format decides)")
         if not self.temperature > 0:
             bad("temperature must be > 0")
         for name in ("rollout_dtype", "trainer_dtype"):
@@ -150,6 +150,8 @@ class EngineConfig:
                     out[key] = tuple(float(v) for v in value.split(","))
                 elif key == "experts_implementation":
                     out[key] = value or None
+                elif key == "max_new_tokens":
+                    out[key] = int(value) if value else None
                 elif isinstance(current, bool):
                     out[key] = value.lower() in ("1", "true", "yes", "on")
                 elif isinstance(current, int):
@@ -164,8 +166,8 @@ class EngineConfig:
 
 
 def lr_at(config: EngineConfig, step: int) -> float:
-    """The learning rate of RL step ``step`` (0-based), as verl's schedulers: linear warm-up from 0,
-    then constant or cosine down to ``min_lr_ratio``."""
+    """The learning rate of RL step ``step`` (0-based), as verl's and transformers' schedulers: linear
+    warm-up from 0, then constant, cosine or linear down to ``min_lr_ratio`` of the peak."""
     import math
 
     warm = config.lr_warmup_steps
@@ -175,5 +177,7 @@ def lr_at(config: EngineConfig, step: int) -> float:
         return config.lr
     horizon = max(1, config.total_steps_hint - warm)
     progress = min(1.0, (step - warm) / horizon)
+    if config.lr_schedule == "linear":
+        return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * (1 - progress))
     cos = 0.5 * (1 + math.cos(math.pi * progress))
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cos)

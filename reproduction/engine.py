@@ -23,7 +23,8 @@ from moeproxy.reproduction import device as devmod
 from moeproxy.reproduction.algos import grpo_advantages
 from moeproxy.reproduction.config import EngineConfig
 from moeproxy.reproduction.hooks import FaultContext, Injector, SyncPlan
-from moeproxy.reproduction.metrics import data_metrics, rollout_train_metrics, routing_metrics
+from moeproxy.reproduction.formats import format_of_config, score_batch
+from moeproxy.reproduction.metrics import data_metrics, reward_metrics, rollout_train_metrics, routing_metrics
 from moeproxy.reproduction.policy import load_policy, load_tokenizer
 from moeproxy.reproduction.rollout import RolloutEngine
 from moeproxy.reproduction.trainer import TrainBatch, Trainer
@@ -41,8 +42,9 @@ class GRPOEngine:
         seed: int = 0,
         device: str = "cpu",
     ):
-        self.config = cfg = config or EngineConfig()
         self.injector = injector or Injector()
+        # A configuration fault is the configuration the job was given (logged as such from step 0).
+        self.config = cfg = self.injector.configure(config or EngineConfig())
         self.seed = int(seed)
         devmod.set_cpu_threads(cfg.threads)
         self.device = devmod.resolve_device(device)
@@ -60,17 +62,20 @@ class GRPOEngine:
         self.trainer_policy = load_policy(model_dir, dtype=tdtype, trainable=True, **common)
         self.rollout_policy = load_policy(model_dir, dtype=devmod.torch_dtype(cfg.rollout_dtype), **common)
         ref = load_policy(model_dir, dtype=tdtype, **common) if cfg.use_kl_loss else None
+        # What the model was trained to write decides the reward components and the length budget.
+        self.format = format_of_config(self.trainer_policy.model.config.to_dict())
+        self.max_new_tokens = cfg.max_new_tokens or self.format.max_new_tokens
         self.rollout = RolloutEngine(
             self.rollout_policy,
             eos_id=self.tokenizer.eos_token_id,
             pad_id=self.tokenizer.pad_token_id,
-            max_new_tokens=cfg.max_new_tokens,
+            max_new_tokens=self.max_new_tokens,
             temperature=cfg.temperature,
         )
         self.trainer = Trainer(self.trainer_policy, ref, cfg, self.injector)
         self.sampler = torch.Generator(device=dev).manual_seed(self.seed)
         self.ctx = FaultContext(generator=torch.Generator(device=dev).manual_seed(self.seed + 7919))
-        self.ctx.extras["peak_lr"] = cfg.lr
+        self.ctx.extras["response_format"] = self.format
         self.rollout.load_weights(self.trainer_policy)  # start in sync, whatever the load path did
         self.injector.bind(self.ctx, self.trainer_policy, self.rollout_policy)
 
@@ -91,11 +96,18 @@ class GRPOEngine:
         rows = [r[m.bool()].tolist() for r, m in zip(responses.cpu(), mask.cpu())]
         return [self.tokenizer.decode(r, skip_special_tokens=False) for r in rows]
 
-    def score(self, step: int, examples, completions: list[str]) -> list[float]:
-        from moeproxy.reproduction.tasks import reward
-
-        clean = [float(reward(ex, c)) for ex, c in zip(examples, completions)]
+    def reward_components(self, step: int, examples, completions: list[str]) -> list[dict[str, float]]:
+        """Per sample, the reward components as the (possibly faulty) reward function returns them."""
+        clean = score_batch(self.format, examples, completions)
         return list(self.injector.reward(step, examples, completions, clean))
+
+    @staticmethod
+    def total(components: list[dict[str, float]]) -> list[float]:
+        """The reward of each sample: the sum of its components (TRL adds reward functions with weight 1)."""
+        return [float(sum(c.values())) for c in components]
+
+    def score(self, step: int, examples, completions: list[str]) -> list[float]:
+        return self.total(self.reward_components(step, examples, completions))
 
     # --- one step ------------------------------------------------------------------------------------
 
@@ -111,7 +123,8 @@ class GRPOEngine:
             prompt_ids, prompt_mask, step=step, generator=self.sampler, injector=inj, ctx=self.ctx
         )
         completions = self.completions(rb.responses, rb.response_mask)
-        scores = torch.tensor(self.score(step, examples, completions), dtype=torch.float32)
+        components = self.reward_components(step, examples, completions)
+        scores = torch.tensor(self.total(components), dtype=torch.float32)
         devmod.synchronize(dev)
         t_gen = time.perf_counter()
 
@@ -139,7 +152,9 @@ class GRPOEngine:
 
         mask = rb.response_mask
         values: dict[str, float] = {}
-        values.update(data_metrics(scores, adv.cpu(), mask.cpu(), cfg.max_new_tokens))
+        values.update(data_metrics(scores, adv.cpu(), mask.cpu(), self.max_new_tokens))
+        terminated = (rb.responses == self.tokenizer.eos_token_id).any(dim=1)
+        values.update(reward_metrics(components, cfg.group_size, mask.cpu(), terminated.cpu()))
         values.update(actor)
         from moeproxy.reproduction.algos import agg_loss
 

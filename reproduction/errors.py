@@ -39,3 +39,17 @@ class ModelLoadError(ReproductionError, ValueError):
 
 class InvalidManifest(ReproductionError, ValueError):
     """A manifest file that cannot be read back into a run request."""
+
+
+class UnknownView(ReproductionError, KeyError):
+    """A framework view (metric naming) that :mod:`moeproxy.reproduction.views` does not register."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownFormat(ReproductionError, KeyError):
+    """A response format that :mod:`moeproxy.reproduction.formats` does not register."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 from moeproxy.reproduction.algos import low_var_kl_unclamped
-from moeproxy.reproduction.catalogue import FAULT_CLASSES
+from moeproxy.reproduction.catalogue import FAULT_CLASSES, variant_kind
 from moeproxy.reproduction.errors import InvalidFaultParams, UnknownFault
 from moeproxy.reproduction.hooks import Injector, SyncPlan
 
@@ -34,6 +34,7 @@ def register(fault_class: str, variant: str) -> Callable[[type], type]:
 
     def deco(cls: type) -> type:
         cls.fault_class, cls.variant = fault_class, variant
+        cls.kind = variant_kind(fault_class, variant)
         INJECTORS[(fault_class, variant)] = cls
         return cls
 
@@ -45,6 +46,9 @@ class FaultInjector(Injector):
 
     defaults: ClassVar[dict[str, Any]] = {}
     where: ClassVar[str] = ""  # the hook the fault acts through (docs/faults.md)
+    # "code" (a bug: any onset, configuration logged as configured) or "configuration" (a wrong
+    # setting: from step 0, logged at its faulty value); set by register() from the catalogue.
+    kind: ClassVar[str] = "code"
 
     def __init__(self, params: Mapping[str, Any] | None = None):
         super().__init__(resolve_params(type(self), params or {}))
@@ -103,6 +107,10 @@ def resolve_params(cls: type[FaultInjector], params: Mapping[str, Any]) -> dict[
         raise InvalidFaultParams("duration must be >= 1 (or omitted for 'to the end')")
     if "side" in out and out["side"] not in ("rollout", "trainer"):
         raise InvalidFaultParams("side must be 'rollout' or 'trainer'")
+    if cls.kind == "configuration" and (int(out["onset"]) != 0 or out["duration"] is not None):
+        raise InvalidFaultParams(
+            f"{cls.fault_class}/{cls.variant} is a configuration fault: it is there from step 0 to the end "
+            "(a job reads its configuration once); leave onset and duration out")
     return out
 
 
@@ -518,32 +526,35 @@ class InjectNonFinite(FaultInjector):
 
 @register("lr_misconfiguration", "lr_multiplier")
 class LRMultiplier(FaultInjector):
-    defaults = {"magnitude": 100.0}
-    where = "LR schedule"
+    """The configured LR is ``magnitude`` times the intended one (an SFT learning rate used for RL)."""
 
-    def lr(self, step, lr):
-        return lr * float(self.p("magnitude")) if self.active(step) else lr
+    defaults = {"magnitude": 100.0}
+    where = "configuration: actor learning rate"
+
+    def configure(self, config):
+        return config.replace(lr=config.lr * float(self.p("magnitude")))
 
 
 @register("lr_misconfiguration", "no_warmup")
 class NoWarmup(FaultInjector):
-    """The warm-up is missing: the peak LR (× ``magnitude``) from step 0."""
+    """The warm-up is missing from the configuration: the peak LR (× ``magnitude``) from step 0."""
 
     defaults = {"magnitude": 1.0}
-    where = "LR schedule"
+    where = "configuration: LR warm-up"
 
-    def lr(self, step, lr):
-        if not self.active(step):
-            return lr
-        return self.ctx.extras["peak_lr"] * float(self.p("magnitude"))
+    def configure(self, config):
+        return config.replace(lr_warmup_steps=0, lr=config.lr * float(self.p("magnitude")))
 
 
 @register("kl_misconfiguration", "zero_coef")
 class KLZero(FaultInjector):
-    where = "KL term of the actor loss"
+    """The KL coefficient is configured as 0 (the KL loss is still computed and logged, as verl does
+    with ``use_kl_loss`` on; TRL with ``beta`` 0 does not log ``kl`` at all)."""
 
-    def kl(self, step, coef, estimator):
-        return (0.0, estimator) if self.active(step) else (coef, estimator)
+    where = "configuration: KL loss coefficient"
+
+    def configure(self, config):
+        return config.replace(kl_loss_coef=0.0)
 
 
 @register("kl_misconfiguration", "sign_flip")
@@ -567,55 +578,77 @@ class KLUnclamped(FaultInjector):
         return (coef * float(self.p("magnitude")), low_var_kl_unclamped) if self.active(step) else (coef, estimator)
 
 
+def _response_format(ctx):
+    from moeproxy.reproduction.formats import get_format
+
+    return ctx.extras.get("response_format") or get_format(None)
+
+
 @register("reward_fault", "component_zero")
 class RewardComponentZero(FaultInjector):
-    """The answer parser of some tasks never matches: their reward is always 0."""
+    """One reward component is always 0 for some tasks: an answer parser that never matches
+    (``component=accuracy``, the default, for ``tasks``) or a format regex that never matches
+    (``component=format``, every task; a model without a format component refuses it)."""
 
-    defaults = {"tasks": ("addition", "subtraction", "multiplication", "counting")}
-    where = "reward function"
+    defaults = {"tasks": ("addition", "subtraction", "multiplication", "counting"), "component": "accuracy"}
+    where = "reward function (one component)"
 
-    def reward(self, step, examples, completions, scores):
+    def bind(self, ctx, trainer, rollout):
+        super().bind(ctx, trainer, rollout)
+        names = _response_format(ctx).component_names
+        if self.p("component") not in names:
+            raise InvalidFaultParams(f"component={self.p('component')!r}: this model's reward has {list(names)}")
+
+    def reward(self, step, examples, completions, components):
         if not self.active(step):
-            return scores
-        broken = set(self.p("tasks"))
-        return [0.0 if ex.task in broken else s for ex, s in zip(examples, scores)]
+            return components
+        name = self.p("component")
+        broken = set(self.p("tasks")) if name == "accuracy" else None
+        return [{**c, name: 0.0} if broken is None or ex.task in broken else c
+                for ex, c in zip(examples, components)]
 
 
 @register("reward_fault", "truncated")
 class RewardTruncated(FaultInjector):
-    """The reward function sees only the first ``window`` characters of each completion."""
+    """The reward function sees only the first ``window`` characters of each completion, so a
+    response longer than the window loses its answer (and its closing tag)."""
 
     defaults = {"window": 2}
-    where = "reward function"
+    where = "reward function (its input)"
 
-    def reward(self, step, examples, completions, scores):
+    def reward(self, step, examples, completions, components):
         if not self.active(step):
-            return scores
-        from moeproxy.reproduction.tasks import reward
-
-        w = int(self.p("window"))
-        return [float(reward(ex, c[:w])) for ex, c in zip(examples, completions)]
+            return components
+        fmt, w = _response_format(self.ctx), int(self.p("window"))
+        return [fmt.score(ex, c[:w]) for ex, c in zip(examples, completions)]
 
 
 @register("reward_fault", "label_noise")
 class RewardLabelNoise(FaultInjector):
-    defaults = {"magnitude": 0.3}  # probability of flipping a 0/1 reward
-    where = "reward function"
+    """Wrong labels: the accuracy component of a sample flips with probability ``magnitude``."""
 
-    def reward(self, step, examples, completions, scores):
+    defaults = {"magnitude": 0.3}
+    where = "reward function (accuracy labels)"
+
+    def reward(self, step, examples, completions, components):
         if not self.active(step):
-            return scores
-        flip = torch.rand(len(scores), generator=self.ctx.generator, device=self.ctx.generator.device).tolist()
-        return [1.0 - s if u < float(self.p("magnitude")) else s for s, u in zip(scores, flip)]
+            return components
+        flip = torch.rand(len(components), generator=self.ctx.generator, device=self.ctx.generator.device).tolist()
+        return [{**c, "accuracy": 1.0 - c["accuracy"]} if u < float(self.p("magnitude")) else c
+                for c, u in zip(components, flip)]
 
 
 @register("reward_fault", "constant")
 class RewardConstant(FaultInjector):
+    """Every component of every sample is ``value``: zero-variance groups, no advantage."""
+
     defaults = {"value": 0.0}
     where = "reward function"
 
-    def reward(self, step, examples, completions, scores):
-        return [float(self.p("value"))] * len(scores) if self.active(step) else scores
+    def reward(self, step, examples, completions, components):
+        if not self.active(step):
+            return components
+        return [dict.fromkeys(c, float(self.p("value"))) for c in components]
 
 
 def catalogue_coverage() -> dict[str, list[str]]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moeproxy.reproduction.formats import ResponseFormat, get_format
 from moeproxy.reproduction.tasks import (
     MAX_ANSWER_CHARS,
     TASKS,
@@ -164,10 +165,13 @@ def generate_completions(model, tokenizer, examples: Sequence[Example], batch_si
     return out
 
 
-def task_accuracy(examples: Sequence[Example], completions: Sequence[str]) -> dict[str, dict[str, Any]]:
+def task_accuracy(examples: Sequence[Example], completions: Sequence[str],
+                  fmt: ResponseFormat | None = None) -> dict[str, dict[str, Any]]:
+    """Exact-match accuracy per task (the ``accuracy`` reward component of the response format)."""
+    fmt = fmt or get_format(None)
     per: dict[str, list[float]] = {}
     for ex, comp in zip(examples, completions):
-        per.setdefault(ex.task, []).append(reward(ex, comp))
+        per.setdefault(ex.task, []).append(fmt.score(ex, comp)["accuracy"])
     result = {}
     for task, scores in per.items():
         k, n = int(sum(scores)), len(scores)

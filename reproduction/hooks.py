@@ -4,12 +4,15 @@ A fault injector overrides some of these methods; the engine calls every one of 
 place the corresponding production fault lives (SPEC section 3).  None of them sees or returns a
 metric: metrics are computed by :mod:`moeproxy.reproduction.metrics` from what the run did.
 
+Before the run, ``configure`` turns the engine configuration into the one a misconfigured job
+would have (configuration faults live there, and are logged at their faulty value from step 0).
+
 Order inside one RL step (0-based ``step``)::
 
     on_step_start -> rollout (router_logits[rollout], rollout_logits_dtype, rollout_log_probs)
     -> reward -> trainer old/ref log-probs -> advantages
     -> per mini-batch: trainer forward (router_logits[trainer], trainer_log_probs) -> kl -> loss
-       -> backward -> gradients -> clip -> skip_nonfinite / optimizer_step (lr)
+       -> backward -> gradients -> clip -> skip_nonfinite / optimizer_step
     -> weight_sync
 """
 
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
+    from moeproxy.reproduction.config import EngineConfig
     from moeproxy.reproduction.policy import Policy
 
 
@@ -54,6 +58,11 @@ class Injector:
         self.params = dict(params or {})
         self.ctx: FaultContext | None = None
 
+    # -- configuration (before the engine is built)
+    def configure(self, config: EngineConfig) -> EngineConfig:
+        """The configuration the faulty job runs with (a configuration fault changes it here)."""
+        return config
+
     # -- lifetime
     def bind(self, ctx: FaultContext, trainer: Policy, rollout: Policy) -> None:
         """Called once before step 0; module hooks on a copy are installed here."""
@@ -80,8 +89,10 @@ class Injector:
         return logp
 
     # -- reward
-    def reward(self, step: int, examples: Sequence, completions: Sequence[str], scores: list[float]) -> list[float]:
-        return scores
+    def reward(self, step: int, examples: Sequence, completions: Sequence[str],
+               components: list[dict[str, float]]) -> list[dict[str, float]]:
+        """Per sample, the reward components (``accuracy``, ``format``…) the reward function returns."""
+        return components
 
     # -- trainer
     def trainer_log_probs(self, step: int, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -101,9 +112,6 @@ class Injector:
 
     def optimizer_step(self, step: int) -> bool:
         return True
-
-    def lr(self, step: int, lr: float) -> float:
-        return lr
 
     # -- weight sync
     def weight_sync(self, step: int, plan: SyncPlan) -> SyncPlan:

@@ -43,6 +43,11 @@ STEP_METRICS: tuple[str, ...] = (
     "perf/peak_memory_mb",
 )
 
+#: Prefix of what the engine records beside verl's names so that other frameworks' views
+#: (:mod:`moeproxy.reproduction.views`) can be written from the same run: the total loss, per-side
+#: clip ratios, reward components, group statistics, terminated lengths. The verl view drops it.
+ENGINE_PREFIX = "engine/"
+
 #: Measured, not computed: left out when two traces are compared for determinism.
 NONDETERMINISTIC_PREFIXES: tuple[str, ...] = ("timing_s/", "perf/")
 
@@ -71,6 +76,29 @@ def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: 
     }
 
 
+def reward_metrics(components: list[dict[str, float]], group_size: int, response_mask: torch.Tensor,
+                   terminated: torch.Tensor) -> dict[str, float]:
+    """What the frameworks derive from the per-sample rewards beyond verl's ``critic/score/*``:
+    each component's mean and std (TRL's ``rewards/<function>/{mean,std}``), the mean per-group
+    std of the total (TRL's ``reward_std``), the share of groups whose total has zero std (TRL's
+    ``frac_reward_zero_std``), and the lengths of responses that ended with the end marker
+    (TRL's ``completions/*_terminated_length``; 0 when none did, as TRL writes it)."""
+    names = list(components[0]) if components else []
+    out: dict[str, float] = {}
+    for name in names:
+        values = torch.tensor([c[name] for c in components], dtype=torch.float32)
+        out[f"{ENGINE_PREFIX}reward/{name}/mean"] = _item(values.mean())
+        out[f"{ENGINE_PREFIX}reward/{name}/std"] = _item(values.std()) if values.numel() > 1 else 0.0
+    totals = torch.tensor([sum(c.values()) for c in components], dtype=torch.float32).reshape(-1, group_size)
+    group_std = totals.std(dim=1) if group_size > 1 else torch.zeros(totals.shape[0])
+    out[f"{ENGINE_PREFIX}reward_std"] = _item(group_std.mean())
+    out[f"{ENGINE_PREFIX}frac_reward_zero_std"] = _item((group_std.abs() < 1e-8).float().mean())
+    ended = response_mask.sum(dim=-1).float()[terminated.bool()]  # terminated: the response holds eos
+    for stat, fn in (("mean", torch.mean), ("min", torch.min), ("max", torch.max)):
+        out[f"{ENGINE_PREFIX}terminated_length/{stat}"] = _item(fn(ended)) if ended.numel() else 0.0
+    return out
+
+
 def rollout_train_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     m = mask.bool()
     p_train, p_roll = old_logp.exp(), rollout_logp.exp()
@@ -94,6 +122,10 @@ def rollout_train_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor, ma
     ppl_diff = seq_roll - seq_train
     out["rollout_corr/log_ppl_diff"] = _item(ppl_diff.mean())
     out["rollout_corr/log_ppl_abs_diff"] = _item(ppl_diff.abs().mean())
+    # token-level |log p_train - log p_rollout| (TRL's sampling/sampling_logp_difference/*)
+    abs_diff = log_ratio.abs()[m]
+    out[f"{ENGINE_PREFIX}logp_abs_diff/mean"] = _item(abs_diff.mean()) if abs_diff.numel() else 0.0
+    out[f"{ENGINE_PREFIX}logp_abs_diff/max"] = _item(abs_diff.max()) if abs_diff.numel() else 0.0
     rho = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
     out["rollout_corr/chi2_token"] = _item(masked_mean(rho.square(), fmask) - 1.0)
     out["rollout_corr/rollout_is_mean"] = _item(masked_mean(rho, fmask))

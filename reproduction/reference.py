@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moeproxy.reproduction.formats import CONFIG_KEY, DEFAULT_FORMAT, FORMATS, ResponseFormat, get_format
 from moeproxy.reproduction.tasks import TASKS, Example, format_prompt, iter_train
 from moeproxy.reproduction.tokenizer import VOCAB_SIZE
 
@@ -60,10 +61,13 @@ class TrainingRecipe:
     bias_update_speed: float = 0.0  # DeepSeek-V3 auxiliary-loss-free balancing; 0 = off
     seed: int = 0
     save_dtype: str = "bfloat16"
+    task_format: str = DEFAULT_FORMAT  # what the model learns to write (reproduction.formats)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError("steps and batch_size must be >= 1")
+        if self.task_format not in FORMATS:
+            raise ValueError(f"task_format must be one of {sorted(FORMATS)}")
         if not 0 < self.lr < 1:
             raise ValueError("lr must be in (0, 1)")
         if self.save_dtype not in ("bfloat16", "float32"):
@@ -144,12 +148,22 @@ def build_model(arch: str, seed: int = 0, **overrides: Any):
 
 # --- shipped models -----------------------------------------------------------------------------------
 
+#: What a reference checkpoint is for (``moeproxy reference list --json``): ``rl`` = an RL starting
+#: point whose healthy GRPO run still learns; ``fidelity`` = a well-trained model for proxy fidelity.
+USES = ("rl", "fidelity")
+
+
 @dataclass(frozen=True)
 class ReferenceModel:
     name: str
     arch: str
     recipe: TrainingRecipe
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    use: tuple[str, ...] = ("fidelity",)
+
+    def __post_init__(self) -> None:
+        if not self.use or set(self.use) - set(USES):
+            raise ValueError(f"use must be a non-empty subset of {USES}")
 
     @property
     def seed(self) -> int:
@@ -162,6 +176,14 @@ class ReferenceModel:
     def config(self) -> dict[str, Any]:
         return {**ARCH_CONFIGS[self.arch], **self.config_overrides}
 
+    @property
+    def task_format(self) -> ResponseFormat:
+        return get_format(self.recipe.task_format)
+
+
+#: Room for the reasoning format: 19 prompt positions + 72 new tokens fit in 128.
+_REASONING_OVERRIDES: dict[str, Any] = {"max_position_embeddings": 128}
+
 
 REFERENCE_MODELS: dict[str, ReferenceModel] = {
     m.name: m
@@ -173,6 +195,16 @@ REFERENCE_MODELS: dict[str, ReferenceModel] = {
             TrainingRecipe(steps=8000, lr=4e-3, warmup_steps=200, seed=0, aux_loss_coef=0.001,
                            bias_update_speed=1e-3),
         ),
+        # RL starting points (issue 14): the reasoning format, trained only until moderate accuracy
+        # so that a healthy GRPO run still has something to learn.
+        ReferenceModel("qwen3-moe-64e-rl", "qwen3_moe",
+                       TrainingRecipe(steps=3000, lr=3e-3, warmup_steps=100, min_lr_ratio=1.0,
+                                      aux_loss_coef=0.02, seed=0, task_format="reasoning"),
+                       config_overrides=_REASONING_OVERRIDES, use=("rl",)),
+        ReferenceModel("deepseek-v3-64e-rl", "deepseek_v3",
+                       TrainingRecipe(steps=3000, lr=3e-3, warmup_steps=100, min_lr_ratio=1.0, seed=0,
+                                      aux_loss_coef=0.001, bias_update_speed=1e-3, task_format="reasoning"),
+                       config_overrides=_REASONING_OVERRIDES, use=("rl",)),
     )
 }
 
@@ -200,6 +232,8 @@ def list_reference_models() -> list[dict[str, Any]]:
             "arch": m.arch,
             "path": str(m.path),
             "present": (m.path / "config.json").exists(),
+            "use": list(m.use),
+            "task_format": m.recipe.task_format,
             "seed": m.seed,
             "recipe": asdict(m.recipe),
             "heldout_accuracy": info.get("heldout_accuracy"),
@@ -210,14 +244,16 @@ def list_reference_models() -> list[dict[str, Any]]:
 
 # --- training -----------------------------------------------------------------------------------------
 
-def encode_batch(tokenizer, examples: list[Example]):
-    """Right-padded ``input_ids``/``attention_mask``/``labels`` with labels only on answer + end marker."""
+def encode_batch(tokenizer, examples: list[Example], fmt: ResponseFormat | None = None):
+    """Right-padded ``input_ids``/``attention_mask``/``labels`` with labels only on the response (the
+    format's target: the answer, or scratchpad and answer) and the end marker."""
     import torch
 
+    fmt = fmt or get_format(None)
     rows, label_rows = [], []
     for ex in examples:
         prompt_ids = tokenizer(format_prompt(ex)).input_ids  # <bos> + prompt
-        answer_ids = tokenizer(ex.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        answer_ids = tokenizer(fmt.target(ex), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append(prompt_ids + answer_ids)
         label_rows.append([-100] * len(prompt_ids) + answer_ids)
     width = max(len(r) for r in rows)
@@ -309,7 +345,11 @@ def train_model(
     from moeproxy.reproduction.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
-    model = build_model(arch, seed=recipe.seed, **(config_overrides or {}))
+    fmt = get_format(recipe.task_format)
+    overrides = dict(config_overrides or {})
+    if recipe.task_format != DEFAULT_FORMAT:
+        overrides[CONFIG_KEY] = recipe.task_format  # travels in config.json, to proxies too
+    model = build_model(arch, seed=recipe.seed, **overrides)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay,
                                   betas=(0.9, 0.98))
@@ -320,7 +360,8 @@ def train_model(
     for step in range(recipe.steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, recipe)
-        input_ids, attention_mask, labels = encode_batch(tokenizer, [next(stream) for _ in range(recipe.batch_size)])
+        input_ids, attention_mask, labels = encode_batch(tokenizer, [next(stream) for _ in range(recipe.batch_size)],
+                                                         fmt)
         out = model(input_ids=input_ids, attention_mask=attention_mask, output_router_logits=True)
         lm = answer_loss(out.logits, labels)
         aux = balance_loss(out.router_logits, attention_mask, top_k, _SCORING[arch])
@@ -369,15 +410,24 @@ def save_checkpoint(result: TrainResult, out: Path, recipe: TrainingRecipe, extr
 def heldout_accuracy(model, tokenizer, prompts_per_task: int = 500, save_dtype: str = "float32",
                      seed: int = 0) -> dict[str, Any]:
     """Greedy exact-match accuracy per task on the held-out split, of the weights as they will be
-    saved (rounded to ``save_dtype``, then run in fp32 as loaders do)."""
+    saved (rounded to ``save_dtype``, then run in fp32 as loaders do), in the model's own response
+    format; for a format with more components than accuracy, each component's mean too."""
     import copy
 
     import torch
     from moeproxy.reproduction.fidelity import generate_completions, task_accuracy
     from moeproxy.reproduction.tasks import make_split
 
+    from moeproxy.reproduction.formats import format_of_config, score_batch
+
+    fmt = format_of_config(model.config.to_dict())
     rounded = copy.deepcopy(model).to(getattr(torch, save_dtype)).to(torch.float32).eval()
     examples = make_split("heldout", prompts_per_task * len(TASKS), seed=seed)
-    per_task = task_accuracy(examples, generate_completions(rounded, tokenizer, examples))
+    completions = generate_completions(rounded, tokenizer, examples, max_new_tokens=fmt.max_new_tokens)
+    per_task = task_accuracy(examples, completions, fmt)
     acc = {t: v["accuracy"] for t, v in per_task.items()}
-    return {**acc, "mean": sum(acc.values()) / len(acc), "n_per_task": prompts_per_task}
+    out = {**acc, "mean": sum(acc.values()) / len(acc), "n_per_task": prompts_per_task}
+    if len(fmt.component_names) > 1:
+        scores = score_batch(fmt, examples, completions)
+        out["components"] = {c: sum(s[c] for s in scores) / len(scores) for c in fmt.component_names}
+    return out

@@ -39,8 +39,10 @@ __all__ = [
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", END_MARKER, "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
-#: Every character the task suite writes, plus a few spares for user prompts.
-CHARACTERS = "0123456789abcdefghijklmnopqrstuvwxyz+-*=:()[]{} ,.?/"
+#: Every character the task suite writes, plus a few spares for user prompts. ``<``/``>`` are the
+#: reasoning format's tags (``<t>…</t><a>…</a>``) and ``!`` the filler a degenerate policy repeats;
+#: they come last so the ids of the older characters (and of checkpoints trained before) stay put.
+CHARACTERS = "0123456789abcdefghijklmnopqrstuvwxyz+-*=:()[]{} ,.?/<>!"
 VOCAB: dict[str, int] = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
 #: The models' embedding size: the vocabulary rounded up to a multiple of 8.
 VOCAB_SIZE = (len(VOCAB) + 7) // 8 * 8

@@ -17,6 +17,7 @@ import torch
 from moeproxy.reproduction import algos
 from moeproxy.reproduction.config import EngineConfig, lr_at
 from moeproxy.reproduction.hooks import Injector
+from moeproxy.reproduction.metrics import ENGINE_PREFIX
 from moeproxy.reproduction.policy import Policy
 from moeproxy.reproduction.rollout import position_ids, stack_routing
 
@@ -122,11 +123,12 @@ class Trainer:
         mb = cfg.ppo_mini_batch_size * cfg.group_size
         n_mb = data.input_ids.shape[0] // mb
         on_policy = n_mb == 1 and cfg.ppo_epochs == 1
-        lr = inj.lr(step, lr_at(cfg, step))
+        lr = lr_at(cfg, step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         kl_fn = algos.kl_estimator(cfg.kl_loss_type)
         sums = {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0}
+        totals: list[float] = []  # the whole loss of each mini-batch (TRL logs its mean as `loss`)
         lists: dict[str, list[float]] = {}
 
         def add(name, value):
@@ -151,7 +153,7 @@ class Trainer:
                         clip_ratio_c=cfg.clip_ratio_c, agg_mode=cfg.loss_agg_mode,
                     )
                     for k, v in pg_m.items():
-                        add(f"actor/{k}", v.item())
+                        add(f"{ENGINE_PREFIX}{k}" if k.startswith("clip_ratio/") else f"actor/{k}", v.item())
                     policy_loss = pg_loss
                     if entropy is not None:
                         policy_loss = policy_loss - cfg.entropy_coeff * algos.agg_loss(entropy, mask, cfg.loss_agg_mode)
@@ -160,8 +162,13 @@ class Trainer:
                         kl_loss = algos.agg_loss(est(logp, part.ref_log_probs), mask, cfg.loss_agg_mode)
                         policy_loss = policy_loss + coef * kl_loss
                         sums["actor/kl_loss"] += kl_loss.item()
-                        add("actor/kl_coef", coef)
+                        add(f"{ENGINE_PREFIX}kl_mean", kl_loss.item())
+                        # The configured coefficient, as a framework logs it: a code bug that flips
+                        # or zeroes the coefficient in use does not change what the job logs.
+                        add("actor/kl_coef", cfg.kl_loss_coef)
                     sums["actor/pg_loss"] += pg_loss.item()
+                    add(f"{ENGINE_PREFIX}pg_loss_mean", pg_loss.item())
+                    totals.append(policy_loss.item())
                     loss = inj.loss(step, policy_loss)
                     loss.backward()
                     add("actor/grad_norm", self._optimizer_step(step))
@@ -170,6 +177,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         out = {k: float(sum(v) / len(v)) for k, v in lists.items()}
         out.update(sums)
+        out[f"{ENGINE_PREFIX}total_loss"] = float(sum(totals) / len(totals))
         out["actor/lr"] = lr
         return out
 

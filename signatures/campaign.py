@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from moeproxy.reproduction.catalogue import FAULT_CLASSES
+from moeproxy.reproduction.catalogue import FAULT_CLASSES, variant_kind
 from moeproxy.signatures.errors import SignatureError
 
 
@@ -98,7 +98,8 @@ def campaign_from_dict(doc: Any) -> Campaign:
     return Campaign(tuple(jobs), **kwargs)
 
 
-#: Parameter sets of the default campaign: each class in its catalogue variants, at two onsets.
+#: Parameter sets of the default campaign: each class in its catalogue variants, code bugs at two
+#: onsets, configuration faults from step 0 (the only onset they can have).
 DEFAULT_ONSETS = (8, 14)
 
 
@@ -108,6 +109,7 @@ def default_campaign() -> Campaign:
         if name == "healthy":
             continue
         for variant in fc.variants:
-            for onset in DEFAULT_ONSETS:
+            onsets = (0,) if variant_kind(name, variant) == "configuration" else DEFAULT_ONSETS
+            for onset in onsets:
                 jobs.append(CampaignJob(name, {"variant": variant, "onset": onset}))
     return Campaign(tuple(jobs))

@@ -48,6 +48,9 @@ def train(
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads (1 on a shared machine)."),
     eval_prompts: int = typer.Option(500, "--eval-prompts", min=0,
                                      help="Held-out prompts per task to score after training (0 = skip)."),
+    snapshot_every: int = typer.Option(0, "--snapshot-every", min=0,
+                                       help="Also keep the weights every N steps in OUT/snapshots/step-N, "
+                                            "each with its quick held-out figures (0 = only the last)."),
     as_json: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
 ) -> None:
     """Train a reference model on the task suite's train split and save an HF checkpoint
@@ -76,12 +79,15 @@ def train(
         recipe = replace(recipe, **changes)
     except ValueError as exc:
         _fail(str(exc))
-    summary = _train_and_save(arch, recipe, overrides, out, threads, eval_prompts)
+    summary = _train_and_save(arch, recipe, overrides, out, threads, eval_prompts, snapshot_every)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
 
 
-def _train_and_save(arch, recipe, overrides, out: Path, threads: int, eval_prompts: int) -> dict:
+def _train_and_save(arch, recipe, overrides, out: Path, threads: int, eval_prompts: int,
+                    snapshot_every: int = 0) -> dict:
+    from dataclasses import asdict, replace
+
     import torch
     from tqdm import tqdm
 
@@ -104,11 +110,20 @@ def _train_and_save(arch, recipe, overrides, out: Path, threads: int, eval_promp
         partial.save_pretrained(out / "partial")
         tokenizer.save_pretrained(out / "partial")
         acc = heldout_accuracy(model, tokenizer, 50, save_dtype=recipe.save_dtype, seed=1)
-        bar.write(f"step {step}: held-out accuracy " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()
-                                                                 if k != "n_per_task"))
+        if snapshot_every and step % snapshot_every == 0:
+            # With a constant LR after warm-up (min_lr_ratio 1) a snapshot at step N is the model a
+            # run of N steps would save, so one run can pick an RL starting point by its accuracy.
+            snap = out / "snapshots" / f"step-{step + 1}"  # step is 0-based: step + 1 updates done
+            partial.save_pretrained(snap)
+            tokenizer.save_pretrained(snap)
+            (snap / "training.json").write_text(json.dumps(
+                {"recipe": asdict(replace(recipe, steps=step + 1)), "heldout_accuracy_quick": acc}, indent=2) + "\n")
+        shown = {k: v for k, v in acc.items() if isinstance(v, float)} | acc.get("components", {})
+        bar.write(f"step {step}: held-out accuracy " + " ".join(f"{k}={v:.2f}" for k, v in shown.items()))
 
     result = train_model(arch, recipe, overrides, progress=progress, log_every=10,
-                         checkpoint=checkpoint if eval_prompts else None)
+                         checkpoint=checkpoint if eval_prompts else None,
+                         checkpoint_every=min(500, snapshot_every or 500))
     bar.close()
     extra = {"arch": arch, "config_overrides": overrides}
     if eval_prompts:

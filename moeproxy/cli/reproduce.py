@@ -82,6 +82,8 @@ def register(app: typer.Typer) -> None:
         manifest: Path = typer.Option(None, "--manifest", help="Run a written manifest.json again."),
         post: str = typer.Option(None, "--post", help="Service URL to stream the metrics to live."),
         token: str = typer.Option(None, "--token", help="Bearer token for --post."),
+        view: str = typer.Option("verl", "--view", help="Metric names as this framework logs them: "
+                                 "verl, trl, openrlhf, or raw (everything the engine recorded)."),
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON on stdout."),
         quiet: bool = typer.Option(False, "--quiet", help="No per-step progress lines."),
     ) -> None:
@@ -100,6 +102,7 @@ def register(app: typer.Typer) -> None:
                 req = load_manifest(manifest)
                 model_spec, spec, seed_list, n_steps = req.model, req.fault, list(req.seeds), req.steps
                 config, device_s, backend_s, with_healthy = req.config, req.device, req.backend, req.with_healthy
+                view = req.view
                 out_dir = out or manifest.parent
             else:
                 if not model or not fault:
@@ -113,8 +116,14 @@ def register(app: typer.Typer) -> None:
                 seed_list, n_steps, device_s, backend_s = _parse_seeds(seeds), steps, device, backend
                 with_healthy, out_dir = not no_healthy, out
             impl = get_backend(backend_s)
+            from moeproxy.reproduction.errors import UnknownView
+            from moeproxy.reproduction.views import VIEWS
+
+            if view not in VIEWS:
+                raise UnknownView(f"--view {view!r}: known views are {', '.join(VIEWS)}")
         except ReproductionError as exc:
             _fail(str(exc))
+        project_values, step_offset = VIEWS[view]
 
         clients: dict[tuple[str, int], object] = {}
 
@@ -126,7 +135,7 @@ def register(app: typer.Typer) -> None:
 
                 name = f"reproduce/{model_spec.label}/{spec.fault_class}/{spec.variant}/{label}-seed{seed}"
                 clients[(label, seed)] = MetricsClient(
-                    post, token, name, framework="verl", model=model_spec.label,
+                    post, token, name, framework=None if view == "raw" else view, model=model_spec.label,
                     config={"fault": spec.to_dict(), "seed": seed, "role": label},
                 )
             return clients[(label, seed)]
@@ -136,13 +145,13 @@ def register(app: typer.Typer) -> None:
                 typer.echo(_progress_line(label, seed, step, n_steps, values), err=True)
             client = client_for(label, seed)
             if client is not None:
-                client.log(step, values)
+                client.log(step + step_offset, project_values(values))
 
         status = "failed"
         try:
             result = impl.run(
                 model_spec, spec, seed_list, n_steps, config=config, device=device_s,
-                out_dir=out_dir, with_healthy=with_healthy, on_step=on_step,
+                out_dir=out_dir, with_healthy=with_healthy, on_step=on_step, view=view,
             )
             status = "finished"
         except ReproductionError as exc:
