@@ -171,6 +171,17 @@ class GroupSpec:
 GROUP_POLICIES: tuple[str, ...] = ("per_group", "flatten")
 
 
+def keep_for_ratio(arch: Architecture, config: Config, keep_ratio: float, policy: str = "per_group") -> int:
+    """The one rule that turns ``--keep-ratio r`` into K, for the planner and the builder alike:
+    round(r·E), except under per-group retention of a group-routed model, where the ratio applies
+    inside each group: round(r·E / n_group) per group, times n_group (so K is a valid per-group K)."""
+    experts = arch.expert_count(config)
+    groups = 1
+    if arch.group_routing is not None and policy == "per_group":
+        groups = int(config.get(arch.group_routing.n_group_key) or 1)
+    return max(1, round(keep_ratio * experts / groups)) * groups
+
+
 def group_spec(arch: Architecture, config: Config, keep: int, policy: str) -> GroupSpec | None:
     """Check the DeepSeek group constraints for keeping ``keep`` experts; None without group routing.
 

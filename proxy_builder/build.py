@@ -25,6 +25,7 @@ from typing import Any
 from moeproxy.proxy_builder import calibration as calib
 from moeproxy.proxy_builder.architectures import (
     GROUP_POLICIES,
+    keep_for_ratio,
     Architecture,
     GroupSpec,
     architecture_for,
@@ -121,9 +122,7 @@ class ValidatedRequest:
 def _resolve_keep(req: BuildRequest, arch: Architecture, config: Mapping[str, Any], num_experts: int) -> int:
     if req.keep is not None:
         return req.keep
-    n_group = int(config.get("n_group") or 1) if arch.group_routing and req.group_policy == "per_group" else 1
-    # Per-group retention: the ratio applies inside each group.
-    return max(1, round(req.keep_ratio * num_experts / n_group)) * n_group
+    return keep_for_ratio(arch, config, req.keep_ratio, req.group_policy)
 
 
 def validate_request(req: BuildRequest, *, have_statistics: bool = False) -> ValidatedRequest:

@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from moeproxy.proxy_builder.architectures import architecture_for, keep_for_ratio
 from moeproxy.proxy_builder.params import (
     ParameterCount,
     count_parameters,
@@ -305,20 +306,23 @@ class Plan:
         }
 
 
-def resolve_keep(config: Mapping[str, Any], keep: int | None = None, keep_ratio: float | None = None) -> int:
+def resolve_keep(config: Mapping[str, Any], keep: int | None = None, keep_ratio: float | None = None,
+                 group_policy: str = "per_group") -> int:
     """Turn ``--keep K`` or ``--keep-ratio r`` into a validated expert count.
 
-    A ratio keeps round(r * E) experts (at least top_k is still required).
+    A ratio goes through the builder's own rule (:func:`architectures.keep_for_ratio`: round(r·E),
+    per group for group-routed models under per-group retention), so plan and build agree on K;
+    at least top_k is still required.
     """
     if (keep is None) == (keep_ratio is None):
         raise InvalidKeepSpec(
             "give exactly one of keep (experts per MoE layer) or keep_ratio (fraction in (0, 1])"
         )
-    e = expert_count(config)
+    expert_count(config)  # the planner's own check of the architecture, with its message
     if keep_ratio is not None:
         if not (isinstance(keep_ratio, int | float) and 0 < keep_ratio <= 1):
             raise InvalidKeepSpec(f"keep_ratio must be in (0, 1], got {keep_ratio!r}")
-        keep = max(1, round(keep_ratio * e))
+        keep = keep_for_ratio(architecture_for(config), config, keep_ratio, group_policy)
     validate_keep(config, keep)
     return keep
 

@@ -261,3 +261,24 @@ def test_docs_tables_are_up_to_date():
     docs = (root / "docs" / "planner.md").read_text()
     assert markdown_table(module.preset_rows()) in docs
     assert module.sensitivity_markdown(module.sensitivity()) in docs
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_planner_and_builder_agree_on_k_for_every_ratio(name):
+    """`moeproxy plan --keep-ratio` and `moeproxy build --keep-ratio` resolve one K (issue 15):
+    DeepSeek-V3 with E = 256 in 8 groups at r = 0.3 is 80 (10 per group) for both, not 77."""
+    from moeproxy.proxy_builder.architectures import architecture_for
+    from moeproxy.proxy_builder.build import BuildRequest, _resolve_keep
+
+    cfg = strip_notes(load_preset(name))
+    arch = architecture_for(cfg)
+    for ratio in (0.125, 0.2, 0.25, 0.3, 0.375, 0.5, 0.7, 1.0):
+        req = BuildRequest("unused", "unused", keep_ratio=ratio)
+        built = _resolve_keep(req, arch, cfg, arch.expert_count(cfg))
+        try:
+            planned = resolve_keep(cfg, keep_ratio=ratio)
+        except InvalidKeepSpec:
+            continue  # below top_k: the planner refuses, and so does the builder's validation
+        assert planned == built, (name, ratio)
+    if cfg.get("n_group") == 8 and arch.expert_count(cfg) == 256:
+        assert resolve_keep(cfg, keep_ratio=0.3) == 80
