@@ -64,7 +64,7 @@ class SignatureEngine:
         aliases: Sequence[MetricAlias],
         now: datetime,
     ) -> TriageResponse:
-        from moeproxy.signatures.api import RunMetrics, canonicalise, run_signature, triage
+        from moeproxy.signatures.api import RunMetrics, canonicalise, expected_traces, run_signature, triage
         from moeproxy.signatures.canonical import MetricSeries
 
         library = self.library
@@ -90,7 +90,7 @@ class SignatureEngine:
             "overlays": {
                 c.fault_class: overlay
                 for c in result.candidates[:OVERLAY_CLASSES]
-                if (overlay := expected_shapes(sig, library.get(c.fingerprint_id)))
+                if (overlay := expected_traces(sig, library.get(c.fingerprint_id)))
             },
         }
         return TriageResponse(
@@ -101,38 +101,6 @@ class SignatureEngine:
             last_step=run.last_step,
             details=_json_safe(details),
         )
-
-
-def expected_shapes(sig, fingerprint) -> dict[str, dict[str, list]]:
-    """logged metric name -> the fingerprint's expected trace in the run's units and steps."""
-    if not fingerprint.aligned:
-        return {}
-    onset = sig.onset_of(fingerprint.affected_metrics)
-    if onset is None:
-        return {}
-    steps = sig.run.steps
-    out = {}
-    for name in fingerprint.affected_metrics:
-        if name not in sig.metrics:
-            continue
-        trace = fingerprint.metrics[name].mean_trace()
-        if trace is None or trace.size == 0:
-            continue
-        pre = fingerprint.trace_pre
-        series = sig.run.metrics[name]
-        lo = max(0, onset - pre)
-        base = series.values[lo:onset] if onset > lo else series.values[:1]
-        level = float(np.median(base))
-        scale = max(sig.metrics[name].baseline_scale, 1e-6 * abs(level) + 1e-12)
-        idx = np.arange(onset - pre, onset - pre + trace.size)
-        keep = (idx >= 0) & (idx < steps.size)
-        if not keep.any():
-            continue
-        out[series.source] = {
-            "steps": steps[idx[keep]].tolist(),
-            "values": (level + trace[keep] * scale).tolist(),
-        }
-    return out
 
 
 def _json_safe(value: Any) -> Any:

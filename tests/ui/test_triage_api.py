@@ -80,3 +80,23 @@ def test_no_metrics_and_other_projects(ui_client, auth):
     other = ui_client.get(f"/api/v1/runs/{run_id}/triage", headers=auth("another-project"))
     assert other.status_code == 404
     assert ui_client.get(f"/api/v1/runs/{run_id}/triage").status_code == 401
+
+
+def test_overlays_are_the_library_expected_trace_at_the_scored_onset(ui_client, auth, post_run, fingerprint_library):
+    """The page draws what the matcher scored (issue 15): on this run the class onset the matcher
+    votes for some drawn candidates differs from the earliest change among their metrics, and every
+    overlay must be `signatures.api.expected_traces` at the voted onset."""
+    from moeproxy.signatures.api import canonicalise, class_onset, expected_traces, load_library, run_signature
+
+    run = synthetic_run("rollout_logp_precision", steps=80, onset=30, seed=102)
+    run_id = post_run(run, "overlay-onset")
+    details = ui_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()["details"]
+    library = load_library(fingerprint_library)
+    sig = run_signature(canonicalise(run), library.params)
+    differing = []
+    for fault_class, overlay in details["overlays"].items():
+        fp = library.get(details["candidates"][fault_class]["fingerprint_id"])
+        assert overlay == expected_traces(sig, fp), fault_class
+        if class_onset(sig, fp) != sig.onset_of(fp.affected_metrics):
+            differing.append(fault_class)
+    assert differing  # the case this test is about: a voted onset that is not the earliest change
