@@ -178,12 +178,9 @@ class FingerprintLibrary:
 
 
 def resolve_library_path(path: str | Path | None = None) -> Path:
-    """The library file: ``path`` (a file or a directory holding fingerprints.json), else
-    ``MOEPROXY_FINGERPRINTS`` (Settings.fingerprints), else the shipped library."""
-    if path is None:
-        from moeproxy.config import get_settings
-
-        path = get_settings().fingerprints
+    """The library file: ``path`` (a file or a directory holding fingerprints.json), else the
+    shipped library. The library reads no environment: the CLI and the service pass
+    ``MOEPROXY_FINGERPRINTS`` (their Settings) in as ``path``."""
     if path is None:
         path = shipped_library_dir()
     p = Path(path)

@@ -32,12 +32,20 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def library_path(path: Path | None) -> Path:
+    """``--library``, else ``MOEPROXY_FINGERPRINTS``, else the shipped library (the file itself)."""
+    from moeproxy.config import get_settings
+    from moeproxy.signatures.fingerprint import resolve_library_path
+
+    return resolve_library_path(path if path is not None else get_settings().fingerprints)
+
+
 def _load(path: Path | None):
     from moeproxy.signatures.errors import InvalidLibrary
     from moeproxy.signatures.fingerprint import load_library
 
     try:
-        return load_library(path)
+        return load_library(library_path(path))
     except InvalidLibrary as exc:
         raise _fail(f"invalid fingerprint library: {exc}") from None
 
@@ -45,15 +53,15 @@ def _load(path: Path | None):
 @fingerprints_app.command("list")
 def list_(library: Path | None = LibraryOption, as_json: bool = typer.Option(False, "--json")) -> None:
     """List the fingerprints of the library (class, family, variant, parameters, affected metrics)."""
-    from moeproxy.signatures.fingerprint import describe, resolve_library_path
+    from moeproxy.signatures.fingerprint import describe
 
     lib = _load(library)
     rows = [describe(f) for f in lib.fingerprints]
     if as_json:
-        typer.echo(json.dumps({"library": str(resolve_library_path(library)), "fingerprints": rows,
+        typer.echo(json.dumps({"library": str(library_path(library)), "fingerprints": rows,
                                "calibration": lib.to_dict()["calibration"]}, indent=1))
         return
-    typer.echo(f"{resolve_library_path(library)}: {len(rows)} fingerprints, {len(lib.fault_classes)} classes, "
+    typer.echo(f"{library_path(library)}: {len(rows)} fingerprints, {len(lib.fault_classes)} classes, "
                f"strong threshold {lib.calibration.strong_threshold}")
     for r in rows:
         aff = ", ".join(f"{m}{'+' if d > 0 else '-' if d < 0 else '~'}" for m, d in r["affected"].items())
@@ -191,7 +199,7 @@ def calibrate_cmd(heldout: list[Path] = typer.Argument(..., help="Held-out repro
     """Calibrate the strong/weak threshold on held-out traces (docs/signatures.md)."""
     from moeproxy.signatures.build import load_trace_dir
     from moeproxy.signatures.calibrate import LabelledRun, calibrate
-    from moeproxy.signatures.fingerprint import resolve_library_path, save_library
+    from moeproxy.signatures.fingerprint import save_library
 
     lib = _load(library)
     runs = []
@@ -199,7 +207,7 @@ def calibrate_cmd(heldout: list[Path] = typer.Argument(..., help="Held-out repro
         ts = load_trace_dir(d)
         runs += [LabelledRun(ts.fault_class, r) for r in ts.fault_runs.values()]
     lib, report = calibrate(lib, runs)
-    target = save_library(lib, out or resolve_library_path(library))
+    target = save_library(lib, out or library_path(library))
     typer.echo(json.dumps(report, indent=1) if as_json else
                f"{target}: strong threshold {report['threshold']:.3f} "
                f"(balanced accuracy {report['balanced_accuracy']:.3f} on {len(runs)} runs)")

@@ -90,17 +90,6 @@ def test_unreadable_files(tmp_path):
         load_library(bad)
 
 
-def test_environment_overrides_the_library_path(tmp_path, monkeypatch):
-    from moeproxy.config import get_settings
-
-    monkeypatch.setenv("MOEPROXY_FINGERPRINTS", str(tmp_path))
-    get_settings.cache_clear()
-    try:
-        assert resolve_library_path() == tmp_path / "fingerprints.json"
-    finally:
-        get_settings.cache_clear()
-
-
 def test_leave_one_class_out(synthetic_library):
     loco = synthetic_library.without_class("stale_weight_sync")
     assert "stale_weight_sync" not in loco.fault_classes
@@ -120,3 +109,32 @@ def test_the_shipped_library_loads_and_is_proxy_generated():
 
     digest = hashlib.sha256((shipped_library_dir() / "fingerprints.json").read_bytes()).hexdigest()
     assert digest == manifest["library_sha256"]
+
+
+def test_the_signature_library_reads_no_environment(monkeypatch, tmp_path):
+    """Settings live in the service and the CLI (issue 15): MOEPROXY_FINGERPRINTS reaches the
+    library only as an argument, so a pure call loads what it is given or the shipped library."""
+    import ast
+    import re
+    from pathlib import Path
+
+    from moeproxy.signatures.fingerprint import resolve_library_path, shipped_library_dir
+
+    monkeypatch.setenv("MOEPROXY_FINGERPRINTS", str(tmp_path / "elsewhere.json"))
+    from moeproxy.config import get_settings
+
+    get_settings.cache_clear()
+    try:
+        assert resolve_library_path() == shipped_library_dir() / "fingerprints.json"
+        from moeproxy.cli.fingerprints import library_path
+
+        assert library_path(None) == tmp_path / "elsewhere.json"  # the CLI passes the setting in
+    finally:
+        get_settings.cache_clear()
+    package = Path(resolve_library_path().parent.parent)
+    for source in package.glob("*.py"):
+        tree = ast.parse(source.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {"os", "moeproxy.config", "pydantic_settings"} & names, source.name
+        assert not re.search(r"os\.environ|getenv\(", source.read_text()), source.name
