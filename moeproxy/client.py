@@ -57,6 +57,16 @@ log = logging.getLogger("moeproxy.client")
 
 _NONFINITE_STRINGS = {"NaN": "NaN", "nan": "NaN", "Infinity": "Infinity", "inf": "Infinity", "-Infinity": "-Infinity", "-inf": "-Infinity"}
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+#: Where client-side commands and integrations find the service when not told (SPEC section 5).
+URL_ENV = "MOEPROXY_URL"
+TOKEN_ENV = "MOEPROXY_TOKEN"
+
+
+def service_endpoint(url: str | None = None, token: str | None = None) -> tuple[str | None, str | None]:
+    """The service URL and token: the values given, else ``MOEPROXY_URL`` / ``MOEPROXY_TOKEN``
+    (the one place the client side reads them)."""
+    return url or os.environ.get(URL_ENV) or None, token or os.environ.get(TOKEN_ENV) or None
 _STOP = object()
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
 
@@ -20,7 +18,9 @@ def demo(
 
     from moeproxy.demo import post_demo
 
-    token = token or os.environ.get("MOEPROXY_TOKEN")
+    from moeproxy.client import service_endpoint
+
+    _, token = service_endpoint(None, token)
     if not token:
         typer.echo("error: give --token (from `moeproxy token create --project demo`) or set MOEPROXY_TOKEN", err=True)
         raise typer.Exit(code=2)

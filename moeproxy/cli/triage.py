@@ -9,7 +9,6 @@ HTTP (``GET /api/v1/runs/{id}/metrics``). ``--json`` prints the triage object of
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -34,8 +33,10 @@ def read_run(file: Path | None, run_id: str | None, url: str | None, token: str 
             raise _fail(str(exc)) from None
     import httpx
 
-    base = (url or os.environ.get("MOEPROXY_URL") or _public_url()).rstrip("/")
-    tok = token or os.environ.get("MOEPROXY_TOKEN")
+    from moeproxy.client import service_endpoint
+
+    url, tok = service_endpoint(url, token)
+    base = (url or _public_url()).rstrip("/")
     if not tok:
         raise _fail("--run needs --token (or MOEPROXY_TOKEN)")
     headers = {"Authorization": f"Bearer {tok}"}

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Mapping
 from typing import Any
 
-URL_ENV = "MOEPROXY_URL"
-TOKEN_ENV = "MOEPROXY_TOKEN"
+from moeproxy.client import TOKEN_ENV, URL_ENV, service_endpoint
 
 
 class IntegrationConfigError(ValueError):
@@ -16,8 +14,7 @@ class IntegrationConfigError(ValueError):
 
 
 def resolve_endpoint(url: str | None, token: str | None) -> tuple[str, str]:
-    url = url or os.environ.get(URL_ENV)
-    token = token or os.environ.get(TOKEN_ENV)
+    url, token = service_endpoint(url, token)
     if not url:
         raise IntegrationConfigError(f"no moeproxy URL: pass url= or set {URL_ENV}")
     if not token:
