@@ -95,6 +95,17 @@ def encode_value(value: float) -> float | str:
     return "Infinity" if value > 0 else "-Infinity"
 
 
+def _storable_name(name: str) -> bool:
+    """The client-side copy of the server's name check (service.metrics.codec._check_name)."""
+    if "\x00" in name:
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _default_spill_path(run_name: str) -> Path:
     from moeproxy.config import default_data_dir
 
@@ -243,17 +254,22 @@ class MetricsClient:
             if not isinstance(name, str) or not name.strip():
                 self._warn_once(repr(name), "metric names must be non-empty strings")
                 continue
+            if not _storable_name(name):
+                # The server refuses these names (422); dropping the one metric here keeps the rest
+                # of the batch, and every later batch, flowing (issue 16).
+                self._warn_once(repr(name), "a name with a NUL character or a lone surrogate")
+                continue
             if isinstance(value, str):
                 if value in _NONFINITE_STRINGS:
                     clean[name] = _NONFINITE_STRINGS[value]
                     continue
-                self._warn_once(name, "a string")
+                self._warn_once(name, "a string is not a number")
                 continue
             try:
                 number = float(value)
             except (TypeError, ValueError, RuntimeError):
                 # RuntimeError/ValueError: a tensor or array with more than one element
-                self._warn_once(name, type(value).__name__)
+                self._warn_once(name, f"{type(value).__name__} is not a number")
                 continue
             clean[name] = encode_value(number)
         return clean
@@ -262,7 +278,7 @@ class MetricsClient:
         self.stats["points_skipped"] += 1
         if name not in self._warned:
             self._warned.add(name)
-            log.warning("moeproxy: skipping metric %s (%s is not a number); warned once per name", name, what)
+            log.warning("moeproxy: skipping metric %s (%s); warned once per name", name, what)
 
     # ----------------------------------------------------------------- worker
 

@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     fingerprints: Path | None = None  # library path; None = the shipped library
     ui_token: str | None = None
     triage_interval_s: float = Field(default=10.0, ge=0)
+    # A metrics body must arrive within this (a 64 MiB body at 10 Mbit/s takes ~54 s).
+    body_read_timeout_s: float = Field(default=60.0, gt=0)
     data_dir: Path = Field(default_factory=default_data_dir)
 
 

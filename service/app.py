@@ -86,6 +86,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
+    @app.exception_handler(RecursionError)
+    async def _too_deep(_request: Request, _exc: RecursionError) -> JSONResponse:
+        # A JSON body nested thousands deep exhausts the parser's recursion: the client's fault.
+        return JSONResponse({"detail": "request body is nested too deeply"}, status_code=422)
+
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)

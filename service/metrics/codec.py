@@ -102,6 +102,14 @@ def _check_name(name: str, where: str) -> None:
         raise _fail(where, "metric names must not be empty")
     if len(name) > MAX_NAME_LENGTH:
         raise _fail(where, f"metric name longer than {MAX_NAME_LENGTH} characters")
+    # PostgreSQL text cannot hold NUL, and no database driver can encode a lone surrogate (a
+    # "\ud800" escape JSON allows): refuse them here rather than fail in the INSERT with a 500.
+    if "\x00" in name:
+        raise _fail(where, f"metric name {name[:40]!r} contains a NUL character")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _fail(where, f"metric name {name[:40]!r} is not valid Unicode (a lone surrogate)") from None
 
 
 def _coerce(value: object, where: str) -> float:
@@ -136,6 +144,8 @@ def decode_json(raw: bytes) -> object:
             pass
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise InvalidInput("body is nested too deeply to be an ingest body") from None
     except UnicodeDecodeError:
         raise InvalidInput("body is not UTF-8 JSON") from None
     except ValueError as exc:

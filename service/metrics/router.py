@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.auth import ProjectDep, SessionDep
-from moeproxy.service.errors import PayloadTooLarge, UnsupportedMediaType
+from moeproxy.service.errors import PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from moeproxy.service.metrics import codec, repository
 from moeproxy.service.metrics.codec import INGEST_BODY_SCHEMA, encode_values, parse_ingest_body
 from moeproxy.service.metrics.schemas import IngestResult, MetricNameOut, MetricNamesOut, MetricsOut
@@ -25,11 +26,18 @@ async def read_limited_body(request: Request) -> bytes:
         raise PayloadTooLarge(f"body of {int(declared):,} bytes; the limit is {limit:,}: split the batch")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"body larger than {limit:,} bytes: split the batch")
-        chunks.append(chunk)
+    deadline_s = request.app.state.settings.body_read_timeout_s
+    try:
+        # A client that sends its body slowly (or never) must not hold anything: this runs before
+        # the request's database session is opened (see ingest_metrics), and within a deadline.
+        async with asyncio.timeout(deadline_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"body larger than {limit:,} bytes: split the batch")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {deadline_s:g} s") from None
     return b"".join(chunks)
 
 
@@ -40,9 +48,10 @@ RawBody = Annotated[bytes, Depends(read_limited_body)]
     "",
     response_model=IngestResult,
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": INGEST_BODY_SCHEMA}}}},
-    responses={413: {"description": "more than 10,000 steps, 1,000,000 points or 64 MiB in one request"}},
+    responses={413: {"description": "more than 10,000 steps, 1,000,000 points or 64 MiB in one request"},
+               408: {"description": "the body did not arrive within the read deadline"}},
 )
-def ingest_metrics(run_id: int, project: ProjectDep, session: SessionDep, body: RawBody) -> IngestResult:
+def ingest_metrics(run_id: int, body: RawBody, project: ProjectDep, session: SessionDep) -> IngestResult:
     """Store points; idempotent on (run, metric, step): a re-sent point overwrites, never duplicates.
 
     Values may be numbers, the JSON literals ``NaN``/``Infinity``/``-Infinity`` or those strings.

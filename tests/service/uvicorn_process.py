@@ -18,8 +18,10 @@ def free_port() -> int:
 
 
 class UvicornProcess:
-    def __init__(self, database_url: str, port: int | None = None, *, workers: int = 1):
+    def __init__(self, database_url: str, port: int | None = None, *, workers: int = 1,
+                 env: dict[str, str] | None = None):
         self.database_url = database_url
+        self.extra_env = dict(env or {})
         self.port = port or free_port()
         self.workers = workers
         self.proc: subprocess.Popen | None = None
@@ -29,7 +31,7 @@ class UvicornProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> UvicornProcess:
-        env = {**os.environ, "MOEPROXY_DATABASE_URL": self.database_url}
+        env = {**os.environ, "MOEPROXY_DATABASE_URL": self.database_url, **self.extra_env}
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "uvicorn", "--factory", "moeproxy.service.app:create_app",
