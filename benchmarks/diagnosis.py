@@ -68,7 +68,7 @@ def stage_library(work: Path, proxy: Path, library: Path, campaign: Path) -> Non
 
 
 def heldout_jobs(campaign: Path, onset: int = HELDOUT_ONSET) -> list[tuple[str, dict]]:
-    from moeproxy.reproduction.catalogue import FAULT_CLASSES
+    from moeproxy.reproduction.catalogue import FAULT_CLASSES, at_onset
     from moeproxy.reproduction.faults import injector_class
 
     jobs, seen = [], set()
@@ -83,7 +83,7 @@ def heldout_jobs(campaign: Path, onset: int = HELDOUT_ONSET) -> list[tuple[str, 
             continue
         seen.add((cls, variant))
         params.pop("magnitude", None)
-        params["onset"] = onset
+        params = at_onset(cls, variant, params, onset)
         defaults = injector_class(cls, variant).defaults
         if isinstance(defaults.get("magnitude"), int | float):
             params["magnitude"] = defaults["magnitude"] * HELDOUT_MAGNITUDE_FACTOR

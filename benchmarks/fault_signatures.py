@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     from moeproxy.reproduction.backend import LocalTorchBackend, ModelSpec
     from moeproxy.reproduction.config import EngineConfig
+    from moeproxy.reproduction.catalogue import at_onset
     from moeproxy.reproduction.faults import INJECTORS, FaultSpec
 
     config = EngineConfig().with_strings(dict(kv.partition("=")[::2] for kv in args.engine))
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     for (cls, variant) in INJECTORS:
         if cls == "healthy":
             continue
-        spec = FaultSpec(cls, variant, {"onset": args.onset})
+        spec = FaultSpec(cls, variant, at_onset(cls, variant, {}, args.onset))
         per_metric: dict[str, dict] = {}
         for s in seeds:
             trace, _ = backend.run_one(model, spec, s, args.steps, config=config)

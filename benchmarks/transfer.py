@@ -139,6 +139,7 @@ def _save_traces(work: Path, traces: dict) -> None:
 
 def run_all(models: dict[str, Path], seeds: list[int], steps: int, onset: int, config, work: Path) -> dict:
     from moeproxy.reproduction.backend import LocalTorchBackend, ModelSpec
+    from moeproxy.reproduction.catalogue import at_onset
     from moeproxy.reproduction.faults import FaultSpec
 
     backend = LocalTorchBackend()
@@ -148,7 +149,7 @@ def run_all(models: dict[str, Path], seeds: list[int], steps: int, onset: int, c
     for cls, variant, params in jobs:
         for seed in seeds:
             for name, path in models.items():  # models interleaved: machine noise hits all alike
-                spec = FaultSpec(cls, variant, {**params, "onset": onset} if cls != "healthy" else {})
+                spec = FaultSpec(cls, variant, at_onset(cls, variant, params, onset) if cls != "healthy" else {})
                 t = time.perf_counter()
                 trace, info = backend.run_one(ModelSpec(str(path)), spec, seed, steps, config=config)
                 traces[(name, cls, seed)] = trace

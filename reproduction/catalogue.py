@@ -45,6 +45,13 @@ def variant_kind(fault_class: str, variant: str) -> str:
     return "configuration" if (fault_class, variant) in CONFIGURATION_VARIANTS else "code"
 
 
+def at_onset(fault_class: str, variant: str, params: dict, onset: int) -> dict:
+    """``params`` with ``onset`` for a code bug; a configuration fault takes none (it is there from 0)."""
+    if variant_kind(fault_class, variant) == "configuration":
+        return {k: v for k, v in params.items() if k not in ("onset", "duration")}
+    return {**params, "onset": onset}
+
+
 FAMILIES: dict[str, str] = {
     "framework": "framework / model-state consistency",
     "numerical": "operator / numerical consistency",

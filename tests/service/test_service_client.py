@@ -9,21 +9,13 @@ import time
 import httpx
 import numpy as np
 import pytest
-from uvicorn_process import UvicornProcess, free_port
+from uvicorn_process import UvicornProcess, create_token, free_port
 
 from moeproxy.client import MetricsClient
 
 
 def _token(database_url: str, project: str = "client-tests") -> str:
-    from moeproxy.service.db import Database
-    from moeproxy.service.tokens import repository
-
-    db = Database(database_url)
-    try:
-        with db.scope() as s:
-            return repository.create_token(s, project)[1]
-    finally:
-        db.dispose()
+    return create_token(database_url, project)
 
 
 def _series(url: str, token: str, run_id: int) -> dict:

@@ -8,19 +8,7 @@ import time
 
 import httpx
 import pytest
-from uvicorn_process import UvicornProcess
-
-
-def _token(database_url: str, project: str) -> str:
-    from moeproxy.service.db import Database
-    from moeproxy.service.tokens import repository
-
-    db = Database(database_url)
-    try:
-        with db.scope() as s:
-            return repository.create_token(s, project)[1]
-    finally:
-        db.dispose()
+from uvicorn_process import UvicornProcess, create_token
 
 
 def _start_slow_body(port: int, token: str, run_id: int) -> socket.socket:
@@ -33,7 +21,7 @@ def _start_slow_body(port: int, token: str, run_id: int) -> socket.socket:
 
 
 def test_a_slow_body_holds_no_database_session_and_times_out(fresh_database_url):
-    slow_token, other_token = _token(fresh_database_url, "slow"), _token(fresh_database_url, "other")
+    slow_token, other_token = create_token(fresh_database_url, "slow"), create_token(fresh_database_url, "other")
     with UvicornProcess(fresh_database_url, env={"MOEPROXY_BODY_READ_TIMEOUT_S": "3"}) as server:
         h_slow = {"Authorization": f"Bearer {slow_token}"}
         h_other = {"Authorization": f"Bearer {other_token}"}
@@ -80,7 +68,7 @@ def test_the_client_drops_an_unstorable_name_and_keeps_the_rest_flowing(fresh_da
     """One bad name must not stop a job's stream (issue 16): 60 steps, a NUL name in step 10."""
     from moeproxy.client import MetricsClient
 
-    token = _token(fresh_database_url, "client-names")
+    token = create_token(fresh_database_url, "client-names")
     with UvicornProcess(fresh_database_url) as server:
         with MetricsClient(server.url, token, "names-run", spill_path=tmp_path / "spill.jsonl",
                            flush_interval_s=0.05, batch_steps=5) as client:

@@ -70,3 +70,16 @@ class UvicornProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def create_token(database_url: str, project: str) -> str:
+    """A fresh bearer token of ``project`` in the database a server process will read."""
+    from moeproxy.service.db import Database
+    from moeproxy.service.tokens import repository
+
+    db = Database(database_url)
+    try:
+        with db.scope() as s:
+            return repository.create_token(s, project)[1]
+    finally:
+        db.dispose()
