@@ -124,9 +124,13 @@ def test_shipped_checkpoint_loads_and_solves_tasks(name):
     size_mb = sum(f.stat().st_size for f in path.iterdir()) / 2**20
     assert size_mb <= 15
     from moeproxy.reproduction.fidelity import generate_completions, task_accuracy
+    from moeproxy.reproduction.formats import format_of_config
 
+    fmt = format_of_config(model.config.to_dict())  # answer, or reasoning for the RL starting points
+    assert fmt.name == REFERENCE_MODELS[name].recipe.task_format
     examples = make_split("heldout", 140, seed=5)
-    acc = task_accuracy(examples, generate_completions(model, tok, examples))
+    completions = generate_completions(model, tok, examples, max_new_tokens=fmt.max_new_tokens)
+    acc = task_accuracy(examples, completions, fmt)
     mean = sum(v["accuracy"] for v in acc.values()) / len(acc)
     # The shipped weights reproduce the figure recorded at training time (500 prompts per task,
     # docs/reference_models.md); 140 prompts give a standard error of about 0.04 on the mean.
