@@ -154,7 +154,7 @@ class GRPOEngine:
         values: dict[str, float] = {}
         values.update(data_metrics(scores, adv.cpu(), mask.cpu(), self.max_new_tokens))
         terminated = (rb.responses == self.tokenizer.eos_token_id).any(dim=1)
-        values.update(reward_metrics(components, cfg.group_size, mask.cpu(), terminated.cpu()))
+        values.update(reward_metrics(components, scores, cfg.group_size, mask.cpu(), terminated.cpu()))
         values.update(actor)
         from moeproxy.reproduction.algos import agg_loss
 

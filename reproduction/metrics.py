@@ -76,8 +76,8 @@ def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: 
     }
 
 
-def reward_metrics(components: list[dict[str, float]], group_size: int, response_mask: torch.Tensor,
-                   terminated: torch.Tensor) -> dict[str, float]:
+def reward_metrics(components: list[dict[str, float]], scores: torch.Tensor, group_size: int,
+                   response_mask: torch.Tensor, terminated: torch.Tensor) -> dict[str, float]:
     """What the frameworks derive from the per-sample rewards beyond verl's ``critic/score/*``:
     each component's mean and std (TRL's ``rewards/<function>/{mean,std}``), the mean per-group
     std of the total (TRL's ``reward_std``), the share of groups whose total has zero std (TRL's
@@ -89,7 +89,7 @@ def reward_metrics(components: list[dict[str, float]], group_size: int, response
         values = torch.tensor([c[name] for c in components], dtype=torch.float32)
         out[f"{ENGINE_PREFIX}reward/{name}/mean"] = _item(values.mean())
         out[f"{ENGINE_PREFIX}reward/{name}/std"] = _item(values.std()) if values.numel() > 1 else 0.0
-    totals = torch.tensor([sum(c.values()) for c in components], dtype=torch.float32).reshape(-1, group_size)
+    totals = scores.reshape(-1, group_size)  # the per-sample totals the advantages were computed from
     group_std = totals.std(dim=1) if group_size > 1 else torch.zeros(totals.shape[0])
     out[f"{ENGINE_PREFIX}reward_std"] = _item(group_std.mean())
     out[f"{ENGINE_PREFIX}frac_reward_zero_std"] = _item((group_std.abs() < 1e-8).float().mean())
