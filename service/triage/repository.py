@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from moeproxy.service.runs.models import Run
 from moeproxy.service.triage.models import TriageClassHistory, TriageEvaluation
 from moeproxy.service.triage.schemas import ClassHistory, TriageCandidate, TriageResponse
 from sqlalchemy import func, select
@@ -41,7 +42,15 @@ def latest_evaluated_at(session: Session, run_id: int) -> datetime | None:
 
 
 def store(session: Session, result: TriageResponse) -> TriageEvaluation:
-    """Store ``result`` (folding it into the latest row when the outcome is unchanged) and update history."""
+    """Store ``result`` (folding it into the latest row when the outcome is unchanged) and update history.
+
+    Two evaluations of one run can finish at once (live triage, ``POST .../triage``, a first
+    ``GET``): each would read "no history row for this class" and insert it, and the second insert
+    violates the primary key on PostgreSQL. Locking the run's row first serialises them; after the
+    wait, READ COMMITTED shows the first one's rows, so the second folds into them. (SQLite
+    ignores ``FOR UPDATE``: its write transaction already holds the database lock.)
+    """
+    session.execute(select(Run.id).where(Run.id == result.run_id).with_for_update())
     key = outcome_key(result.verdict, result.candidates)
     candidates = [c.model_dump(mode="json") for c in result.candidates]
     top = result.candidates[0] if result.candidates else None

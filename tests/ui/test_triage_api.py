@@ -100,3 +100,62 @@ def test_overlays_are_the_library_expected_trace_at_the_scored_onset(ui_client, 
         if class_onset(sig, fp) != sig.onset_of(fp.affected_metrics):
             differing.append(fault_class)
     assert differing  # the case this test is about: a voted onset that is not the earliest change
+
+
+def test_concurrent_first_evaluations_of_one_run_all_succeed(fresh_database_url, fingerprint_library):
+    """Issue 16, defect 4: 8 evaluations of a never-evaluated run finishing at once.
+
+    Without the run-row lock in ``triage.repository.store`` PostgreSQL answered some with
+    ``UniqueViolation pk_triage_class_history``; now they queue and fold into one outcome.
+    """
+    import json
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from moeproxy.config import Settings
+    from moeproxy.service.db import Database
+    from moeproxy.service.metrics.codec import parse_ingest_body
+    from moeproxy.service.metrics.repository import ingest
+    from moeproxy.service.runs.models import Run
+    from moeproxy.service.runs.repository import get_or_create_run
+    from moeproxy.service.runs.schemas import RunCreate
+    from moeproxy.service.tokens import repository as tokens
+    from moeproxy.service.triage.engine import SignatureEngine
+    from moeproxy.service.triage.models import TriageClassHistory, TriageEvaluation
+    from moeproxy.service.triage.service import evaluate_run
+    from sqlalchemy import func, select
+
+    from ui_helpers import ingest_body
+
+    db = Database(fresh_database_url)
+    settings = Settings(database_url=fresh_database_url, fingerprints=fingerprint_library)
+    engine = SignatureEngine(fingerprint_library)
+    engine.warm()
+    try:
+        with db.scope() as s:
+            project_id = tokens.get_or_create_project(s, "race").id
+            run, _ = get_or_create_run(s, project_id, RunCreate(name="race", framework="verl"))
+            body = ingest_body(synthetic_run("gradient_overflow", steps=60, onset=25, seed=7))
+            ingest(s, run, parse_ingest_body(json.dumps(body).encode()))
+            run_id = run.id
+        start = threading.Barrier(8)
+
+        def evaluate(_: int) -> str:
+            start.wait()
+            with db.scope() as s:
+                return evaluate_run(s, s.get(Run, run_id), engine, settings)[0].verdict
+
+        with ThreadPoolExecutor(8) as pool:
+            verdicts = list(pool.map(evaluate, range(8)))  # re-raises any thread's exception
+        assert len(set(verdicts)) == 1
+        with db.scope() as s:
+            rows = s.scalars(select(TriageEvaluation).where(TriageEvaluation.run_id == run_id)).all()
+            assert [r.evaluations for r in rows] == [8]  # one outcome, folded eight times
+            per_class = s.execute(
+                select(TriageClassHistory.fault_class, func.count())
+                .where(TriageClassHistory.run_id == run_id)
+                .group_by(TriageClassHistory.fault_class)
+            ).all()
+            assert per_class and all(n == 1 for _cls, n in per_class)
+    finally:
+        db.dispose()
