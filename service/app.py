@@ -25,6 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from moeproxy.service.db import Database
 from moeproxy.service.errors import NotAuthenticated, ServiceError
+from moeproxy.service.limits import BodyLimits, data_error_message
+from sqlalchemy.exc import DataError
 
 import moeproxy
 from moeproxy.config import Settings, get_settings
@@ -70,6 +72,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     app.state.database = database
     for name in ROUTER_MODULES:
         app.include_router(importlib.import_module(name).router)
+    app.add_middleware(BodyLimits, deadline_s=settings.body_read_timeout_s)
     _install_error_handlers(app)
     return app
 
@@ -85,6 +88,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         # FastAPI's own shape (a list of {loc, msg, type}), minus the echoed input, which can be huge.
         errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(DataError)
+    async def _does_not_fit(_request: Request, exc: DataError) -> JSONResponse:
+        log.warning("request value refused by the database: %s", exc.orig)
+        return JSONResponse({"detail": data_error_message(exc)}, status_code=422)
 
     @app.exception_handler(RecursionError)
     async def _too_deep(_request: Request, _exc: RecursionError) -> JSONResponse:

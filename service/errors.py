@@ -32,10 +32,6 @@ class InvalidInput(ServiceError):
     status_code = 422
 
 
-class RequestTimeout(ServiceError):
-    status_code = 408
-
-
 class PayloadTooLarge(ServiceError):
     status_code = 413
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from moeproxy.service.errors import InvalidInput, PayloadTooLarge
+from moeproxy.service.limits import INT64_MAX, text_problem
 
 try:
     import orjson
@@ -32,7 +33,7 @@ MAX_POINTS_PER_REQUEST = 1_000_000
 # 1,000,000 points of ~50 bytes ("training/rollout_probs_diff_mean": 0.0123456789,) fit.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_NAME_LENGTH = 512
-MAX_STEP = 2**63 - 1
+MAX_STEP = INT64_MAX
 
 NONFINITE_STRINGS: dict[str, float] = {
     "NaN": math.nan,
@@ -102,14 +103,8 @@ def _check_name(name: str, where: str) -> None:
         raise _fail(where, "metric names must not be empty")
     if len(name) > MAX_NAME_LENGTH:
         raise _fail(where, f"metric name longer than {MAX_NAME_LENGTH} characters")
-    # PostgreSQL text cannot hold NUL, and no database driver can encode a lone surrogate (a
-    # "\ud800" escape JSON allows): refuse them here rather than fail in the INSERT with a 500.
-    if "\x00" in name:
-        raise _fail(where, f"metric name {name[:40]!r} contains a NUL character")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _fail(where, f"metric name {name[:40]!r} is not valid Unicode (a lone surrogate)") from None
+    if (problem := text_problem(name)) is not None:  # refused here rather than with a 500 in the INSERT
+        raise _fail(where, f"metric name {name[:40]!r} {problem}")
 
 
 def _coerce(value: object, where: str) -> float:

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.auth import ProjectDep, SessionDep
-from moeproxy.service.errors import PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from moeproxy.service.errors import UnsupportedMediaType
+from moeproxy.service.limits import BODY_LIMIT_SCOPE_KEY, INT64_MAX, INT64_MIN
 from moeproxy.service.metrics import codec, repository
 from moeproxy.service.metrics.codec import INGEST_BODY_SCHEMA, encode_values, parse_ingest_body
 from moeproxy.service.metrics.schemas import IngestResult, MetricNameOut, MetricNamesOut, MetricsOut
@@ -16,29 +16,17 @@ router = APIRouter(prefix="/api/v1/runs/{run_id}/metrics", tags=["metrics"])
 
 
 async def read_limited_body(request: Request) -> bytes:
-    """The raw body, refused with 413 past MAX_BODY_BYTES before it is all read."""
+    """The raw body, refused with 413 past MAX_BODY_BYTES before it is all read.
+
+    The size limit and the read deadline are ``limits.BodyLimits``'s (this route only raises the
+    limit to a metrics batch's); this runs before the request's database session is opened (see
+    ``ingest_metrics``), so a client that sends its body slowly, or never, holds nothing.
+    """
     content_type = request.headers.get("content-type", "application/json")
     if "json" not in content_type:
         raise UnsupportedMediaType(f"expected Content-Type application/json, got {content_type!r}")
-    limit = codec.MAX_BODY_BYTES
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"body of {int(declared):,} bytes; the limit is {limit:,}: split the batch")
-    chunks: list[bytes] = []
-    size = 0
-    deadline_s = request.app.state.settings.body_read_timeout_s
-    try:
-        # A client that sends its body slowly (or never) must not hold anything: this runs before
-        # the request's database session is opened (see ingest_metrics), and within a deadline.
-        async with asyncio.timeout(deadline_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"body larger than {limit:,} bytes: split the batch")
-                chunks.append(chunk)
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {deadline_s:g} s") from None
-    return b"".join(chunks)
+    request.scope[BODY_LIMIT_SCOPE_KEY] = codec.MAX_BODY_BYTES
+    return await request.body()
 
 
 RawBody = Annotated[bytes, Depends(read_limited_body)]
@@ -69,7 +57,7 @@ def read_metrics(
     names: Annotated[
         list[str] | None, Query(description="comma-separated metric names (the parameter may repeat)")
     ] = None,
-    after_step: Annotated[int | None, Query(description="only steps strictly after this one")] = None,
+    after_step: Annotated[int | None, Query(ge=INT64_MIN, le=INT64_MAX, description="only steps strictly after this one")] = None,
 ) -> Response:
     """The run's series; non-finite values as the strings "NaN", "Infinity", "-Infinity"."""
     runs.get_run(session, project.id, run_id)

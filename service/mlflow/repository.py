@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from moeproxy.service.limits import fits_id
 from moeproxy.service.metrics import repository as metrics
 from moeproxy.service.metrics.codec import NONFINITE_STRINGS, ParsedBatch, encode_value
 from moeproxy.service.metrics.models import MetricName, MetricPoint
@@ -16,7 +17,8 @@ from moeproxy.service.mlflow.models import MlflowExperiment, MlflowRun
 from moeproxy.service.mlflow.schemas import CreateExperiment, CreateRun, KeyValue, Metric, UpdateRun
 from moeproxy.service.runs import repository as runs
 from moeproxy.service.runs.models import Run, RunStatus
-from moeproxy.service.runs.schemas import RunCreate
+from moeproxy.service.runs.schemas import RunCreate, RunUpdate
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -93,7 +95,7 @@ def get_experiment(session: Session, project_id: int, experiment_id: str) -> Mlf
     if experiment_id == DEFAULT_EXPERIMENT_ID:
         return default_experiment(session, project_id)
     found = None
-    if experiment_id.isdigit():
+    if experiment_id.isdigit() and fits_id(int(experiment_id)):
         found = session.scalar(
             select(MlflowExperiment).where(
                 MlflowExperiment.id == int(experiment_id), MlflowExperiment.project_id == project_id
@@ -139,17 +141,15 @@ def create_run(session: Session, project_id: int, spec: CreateRun) -> tuple[Mlfl
     run_uuid = uuid.uuid4().hex
     run_name = spec.run_name or tags.get("mlflow.runName") or f"run-{run_uuid[:8]}"
     tags["mlflow.runName"] = run_name
-    run, _created = runs.get_or_create_run(
-        session,
-        project_id,
-        RunCreate(
-            name=moeproxy_run_name(experiment, run_name),
-            framework=tags.get(FRAMEWORK_TAG),
-            model=tags.get(MODEL_TAG),
-            tags=["mlflow"],
-            config={"mlflow": {"experiment": experiment.name, "run_name": run_name}},
-        ),
+    spec_run = _checked(
+        RunCreate,
+        name=moeproxy_run_name(experiment, run_name),
+        framework=tags.get(FRAMEWORK_TAG),
+        model=tags.get(MODEL_TAG),
+        tags=["mlflow"],
+        config={"mlflow": {"experiment": experiment.name, "run_name": run_name}},
     )
+    run, _created = runs.get_or_create_run(session, project_id, spec_run)
     row = MlflowRun(
         run_uuid=run_uuid,
         run_id=run.id,
@@ -164,6 +164,15 @@ def create_run(session: Session, project_id: int, spec: CreateRun) -> tuple[Mlfl
     session.add(row)
     session.flush()
     return row, run
+
+
+def _checked(schema, /, **fields):
+    """``schema(**fields)``; a value taken from tags that the moeproxy run cannot hold is the caller's error."""
+    try:
+        return schema(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise invalid(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
 
 
 def get_run(session: Session, project_id: int, run_uuid: str) -> tuple[MlflowRun, Run]:
@@ -207,8 +216,11 @@ def _value(metric: Metric) -> float:
         try:
             return float(value)
         except ValueError:
-            raise invalid(f"metric {metric.key!r}: value {value!r} is not a number") from None
-    return float(value)
+            raise invalid(f"metric {metric.key!r}: value {value!r:.40} is not a number") from None
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond the float range
+        raise invalid(f"metric {metric.key!r}: integer value too large for a double") from None
 
 
 def log_metrics(session: Session, mrun: MlflowRun, run: Run, items: Iterable[Metric]) -> int:
@@ -250,9 +262,9 @@ def set_tags(session: Session, mrun: MlflowRun, run: Run, items: Iterable[KeyVal
     for item in items:
         tags[item.key] = item.value
         if item.key == FRAMEWORK_TAG:
-            run.framework = item.value
+            run.framework = _checked(RunUpdate, framework=item.value).framework
         elif item.key == MODEL_TAG:
-            run.model = item.value
+            run.model = _checked(RunUpdate, model=item.value).model
     mrun.tags = tags
     session.flush()
 

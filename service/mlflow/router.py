@@ -9,6 +9,7 @@ runs/log-parameter and runs/log-batch; ``log_metric(s)`` runs/log-metric and run
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from moeproxy.service.auth import ProjectDep, SessionDep
 from moeproxy.service.errors import ServiceError
+from moeproxy.service.limits import StoredText, data_error_message
 from moeproxy.service.mlflow import repository as repo
 from moeproxy.service.mlflow.errors import ERROR_CODE_BY_STATUS, MlflowApiError, not_found
 from moeproxy.service.mlflow.schemas import (
@@ -25,12 +27,18 @@ from moeproxy.service.mlflow.schemas import (
     CreateRun,
     DeleteRun,
     DeleteTag,
+    Key,
     LogBatch,
     LogMetric,
     LogParam,
+    RunUuid,
     SetTag,
     UpdateRun,
 )
+from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
 
 
 class MlflowRoute(APIRoute):
@@ -47,12 +55,31 @@ class MlflowRoute(APIRoute):
             except ServiceError as exc:
                 code = ERROR_CODE_BY_STATUS.get(exc.status_code, "INTERNAL_ERROR")
                 return JSONResponse({"error_code": code, "message": exc.detail}, status_code=exc.status_code)
+            except StarletteHTTPException as exc:  # the body limits (413, 408) among others
+                code = ERROR_CODE_BY_STATUS.get(exc.status_code, "BAD_REQUEST")
+                return JSONResponse({"error_code": code, "message": str(exc.detail)}, status_code=exc.status_code)
             except RequestValidationError as exc:
                 message = "; ".join(
                     f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors()
                 )
                 return JSONResponse(
                     {"error_code": "INVALID_PARAMETER_VALUE", "message": message}, status_code=400
+                )
+            except DataError as exc:  # a value the database cannot hold that no check above caught
+                return JSONResponse(
+                    {"error_code": "INVALID_PARAMETER_VALUE", "message": data_error_message(exc)},
+                    status_code=400,
+                )
+            except RecursionError:
+                return JSONResponse(
+                    {"error_code": "INVALID_PARAMETER_VALUE", "message": "request body is nested too deeply"},
+                    status_code=400,
+                )
+            except Exception:
+                # Still MLflow's shape, so the client reports it instead of failing to parse it.
+                log.exception("unhandled error in %s", request.url.path)
+                return JSONResponse(
+                    {"error_code": "INTERNAL_ERROR", "message": "internal server error"}, status_code=500
                 )
 
         return mlflow_handler
@@ -65,7 +92,7 @@ EMPTY: dict = {}
 
 @router.get("/experiments/get-by-name")
 def get_experiment_by_name(
-    project: ProjectDep, session: SessionDep, experiment_name: Annotated[str, Query(min_length=1)]
+    project: ProjectDep, session: SessionDep, experiment_name: Annotated[StoredText, Query(min_length=1, max_length=256)]
 ) -> dict:
     experiment = repo.get_experiment_by_name(session, project.id, experiment_name)
     if experiment is None and experiment_name == repo.DEFAULT_EXPERIMENT_NAME:
@@ -76,7 +103,7 @@ def get_experiment_by_name(
 
 
 @router.get("/experiments/get")
-def get_experiment(project: ProjectDep, session: SessionDep, experiment_id: Annotated[str, Query()]) -> dict:
+def get_experiment(project: ProjectDep, session: SessionDep, experiment_id: Annotated[StoredText, Query(max_length=64)]) -> dict:
     return {"experiment": repo.experiment_json(repo.get_experiment(session, project.id, experiment_id))}
 
 
@@ -101,8 +128,8 @@ def create_run(spec: CreateRun, project: ProjectDep, session: SessionDep) -> dic
 def get_run(
     project: ProjectDep,
     session: SessionDep,
-    run_id: Annotated[str | None, Query()] = None,
-    run_uuid: Annotated[str | None, Query()] = None,
+    run_id: Annotated[RunUuid | None, Query()] = None,
+    run_uuid: Annotated[RunUuid | None, Query()] = None,
 ) -> dict:
     mrun, _run = repo.get_run(session, project.id, run_id or run_uuid or "")
     return {"run": repo.run_json(session, mrun)}
@@ -167,9 +194,9 @@ def log_batch(spec: LogBatch, project: ProjectDep, session: SessionDep) -> dict:
 def get_metric_history(
     project: ProjectDep,
     session: SessionDep,
-    metric_key: Annotated[str, Query(min_length=1)],
-    run_id: Annotated[str | None, Query()] = None,
-    run_uuid: Annotated[str | None, Query()] = None,
+    metric_key: Annotated[Key, Query()],
+    run_id: Annotated[RunUuid | None, Query()] = None,
+    run_uuid: Annotated[RunUuid | None, Query()] = None,
 ) -> Response:
     mrun, _run = repo.get_run(session, project.id, run_id or run_uuid or "")
     # json.dumps rather than JSONResponse: values are already made JSON-safe ("NaN" strings).

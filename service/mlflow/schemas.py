@@ -6,7 +6,17 @@ the deprecated ``run_uuid``.  Unknown fields are ignored, as MLflow's server doe
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from moeproxy.service.limits import INT64_MAX, INT64_MIN, StoredText
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# MLflow's own limits (mlflow/utils/validation.py: MAX_TAG_VAL_LENGTH); keys are stored as metric
+# names (512 characters) or in JSON.
+MAX_VALUE_LENGTH = 8000
+Key = Annotated[StoredText, Field(min_length=1, max_length=512)]
+Millis = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]  # ms since the epoch: a BigInteger column
+RunUuid = Annotated[StoredText, Field(max_length=64)]
 
 
 class _Body(BaseModel):
@@ -14,20 +24,20 @@ class _Body(BaseModel):
 
 
 class KeyValue(_Body):
-    key: str = Field(min_length=1, max_length=512)
-    value: str = ""
+    key: Key
+    value: StoredText = Field(default="", max_length=MAX_VALUE_LENGTH)
 
 
 class Metric(_Body):
-    key: str = Field(min_length=1, max_length=512)
+    key: Key
     value: float | int | str
-    timestamp: int | None = None
-    step: int = Field(default=0, ge=0)
+    timestamp: Millis | None = None
+    step: int = Field(default=0, ge=0, le=INT64_MAX)
 
 
 class _RunRef(_Body):
-    run_id: str | None = None
-    run_uuid: str | None = None
+    run_id: RunUuid | None = None
+    run_uuid: RunUuid | None = None
 
     @model_validator(mode="after")
     def _one_id(self):
@@ -38,23 +48,23 @@ class _RunRef(_Body):
 
 
 class CreateExperiment(_Body):
-    name: str = Field(min_length=1, max_length=256)
-    artifact_location: str | None = None
+    name: StoredText = Field(min_length=1, max_length=256)
+    artifact_location: StoredText | None = Field(default=None, max_length=512)
     tags: list[KeyValue] = Field(default_factory=list)
 
 
 class CreateRun(_Body):
-    experiment_id: str = "0"
-    user_id: str | None = None
-    run_name: str | None = Field(default=None, max_length=200)
-    start_time: int | None = None
+    experiment_id: StoredText = Field(default="0", max_length=64)
+    user_id: StoredText | None = Field(default=None, max_length=256)
+    run_name: StoredText | None = Field(default=None, max_length=200)
+    start_time: Millis | None = None
     tags: list[KeyValue] = Field(default_factory=list)
 
 
 class UpdateRun(_RunRef):
-    status: str | None = None
-    end_time: int | None = None
-    run_name: str | None = None
+    status: StoredText | None = Field(default=None, max_length=16)
+    end_time: Millis | None = None
+    run_name: StoredText | None = Field(default=None, max_length=200)
 
 
 class LogMetric(_RunRef, Metric):
@@ -70,7 +80,7 @@ class SetTag(_RunRef, KeyValue):
 
 
 class DeleteTag(_RunRef):
-    key: str
+    key: Key
 
 
 class DeleteRun(_RunRef):

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from moeproxy.service.errors import RunNotFound
+from moeproxy.service.limits import fits_id
 from moeproxy.service.metrics.models import MetricName, MetricPoint
 from moeproxy.service.runs.models import Run, RunStatus
 from moeproxy.service.runs.schemas import RunCreate, RunUpdate
-from dataclasses import dataclass
-
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 
 def get_run(session: Session, project_id: int, run_id: int) -> Run:
     """The run, if it belongs to ``project_id``; another project's run is as absent as a missing one."""
-    run = session.scalar(select(Run).where(Run.id == run_id, Run.project_id == project_id))
+    # An id beyond the column's range cannot exist (and would fail inside the query on PostgreSQL).
+    run = session.scalar(select(Run).where(Run.id == run_id, Run.project_id == project_id)) if fits_id(run_id) else None
     if run is None:
         raise RunNotFound(run_id)
     return run
@@ -30,6 +32,8 @@ class RunRef:
 
 def get_run_ref(session: Session, project_id: int, run_id: int) -> RunRef:
     """:func:`get_run` without loading the row's JSON columns (the ingest hot path)."""
+    if not fits_id(run_id):
+        raise RunNotFound(run_id)
     row = session.execute(
         select(Run.id, Run.project_id, Run.framework).where(Run.id == run_id, Run.project_id == project_id)
     ).first()
@@ -73,10 +77,11 @@ def get_or_create_run(session: Session, project_id: int, spec: RunCreate) -> tup
 
 
 def list_runs(session: Session, project_id: int, *, limit: int = 50, offset: int = 0) -> tuple[list[Run], int]:
-    """Newest first, with the total count for pagination."""
+    """Newest first, with the total count for pagination (configs are not loaded: lists leave them out)."""
     total = session.scalar(select(func.count()).select_from(Run).where(Run.project_id == project_id)) or 0
     runs = session.scalars(
         select(Run)
+        .options(defer(Run.config, raiseload=True))
         .where(Run.project_id == project_id)
         .order_by(Run.created_at.desc(), Run.id.desc())
         .limit(limit)

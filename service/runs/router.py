@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Response, status
 from moeproxy.service.auth import ProjectDep, SessionDep
+from moeproxy.service.limits import INT32_MAX
 from moeproxy.service.runs import repository
-from moeproxy.service.runs.schemas import RunCreate, RunList, RunOut, RunUpdate
+from moeproxy.service.runs.schemas import RunCreate, RunList, RunOut, RunSummary, RunUpdate
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
@@ -27,11 +28,11 @@ def list_runs(
     project: ProjectDep,
     session: SessionDep,
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT32_MAX),
 ) -> RunList:
-    """The project's runs, newest first."""
+    """The project's runs, newest first (without their configs: read one run for that)."""
     runs, total = repository.list_runs(session, project.id, limit=limit, offset=offset)
-    return RunList(runs=[RunOut.model_validate(r) for r in runs], total=total, limit=limit, offset=offset)
+    return RunList(runs=[RunSummary.model_validate(r) for r in runs], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{run_id}", response_model=RunOut)

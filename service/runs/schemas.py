@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
+from moeproxy.service.limits import SmallJson, StoredText
 from moeproxy.service.runs.models import RunStatus
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Tag = Annotated[StoredText, Field(min_length=1, max_length=128)]
 
 
 def _strip_nonempty(value: str) -> str:
@@ -17,11 +20,11 @@ def _strip_nonempty(value: str) -> str:
 class RunCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=256, description="unique within the project")
-    framework: str | None = Field(default=None, max_length=64, description="verl, trl, openrlhf, mindspeed_rl, ...")
-    model: str | None = Field(default=None, max_length=256)
-    tags: list[str] = Field(default_factory=list, max_length=64)
-    config: dict[str, Any] = Field(default_factory=dict)
+    name: StoredText = Field(min_length=1, max_length=256, description="unique within the project")
+    framework: StoredText | None = Field(default=None, max_length=64, description="verl, trl, openrlhf, mindspeed_rl, ...")
+    model: StoredText | None = Field(default=None, max_length=256)
+    tags: list[Tag] = Field(default_factory=list, max_length=64)
+    config: SmallJson = Field(default_factory=dict, description="at most 256 KiB as JSON")
 
     @field_validator("name")
     @classmethod
@@ -33,13 +36,15 @@ class RunUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     status: RunStatus | None = None
-    framework: str | None = Field(default=None, max_length=64)
-    model: str | None = Field(default=None, max_length=256)
-    tags: list[str] | None = Field(default=None, max_length=64)
-    config: dict[str, Any] | None = None
+    framework: StoredText | None = Field(default=None, max_length=64)
+    model: StoredText | None = Field(default=None, max_length=256)
+    tags: list[Tag] | None = Field(default=None, max_length=64)
+    config: SmallJson | None = None
 
 
-class RunOut(BaseModel):
+class RunSummary(BaseModel):
+    """A run as listed: everything but its config (``GET /api/v1/runs/{id}`` has that)."""
+
     model_config = ConfigDict(from_attributes=True)
 
     id: int
@@ -48,13 +53,16 @@ class RunOut(BaseModel):
     model: str | None
     status: RunStatus
     tags: list[str]
-    config: dict[str, Any]
     created_at: datetime
     updated_at: datetime
 
 
+class RunOut(RunSummary):
+    config: dict[str, Any]
+
+
 class RunList(BaseModel):
-    runs: list[RunOut]
+    runs: list[RunSummary]
     total: int
     limit: int
     offset: int

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+import numpy as np
 from moeproxy.service.db import is_sqlite
+from moeproxy.service.limits import fits_id
 from moeproxy.service.metrics.models import MetricName
 from moeproxy.service.runs.models import Run
 from moeproxy.service.tokens.models import Project
 from moeproxy.service.triage.models import TriageEvaluation
 from moeproxy.service.triage.repository import as_utc
-import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -117,6 +118,8 @@ def verdict_classes(session: Session) -> list[str]:
 
 
 def get_run(session: Session, run_id: int) -> tuple[Run, str] | None:
+    if not fits_id(run_id):
+        return None
     found = session.execute(
         select(Run, Project.name).join(Project, Project.id == Run.project_id).where(Run.id == run_id)
     ).first()

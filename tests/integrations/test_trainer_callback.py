@@ -56,7 +56,8 @@ def test_trainer_logs_reach_the_service(sqlite_live_server, tmp_path):
     trainer.train()
 
     headers = {"Authorization": f"Bearer {live_server.token}"}
-    (run,) = httpx.get(f"{live_server.url}/api/v1/runs", headers=headers).json()["runs"]
+    (listed,) = httpx.get(f"{live_server.url}/api/v1/runs", headers=headers).json()["runs"]
+    run = httpx.get(f"{live_server.url}/api/v1/runs/{listed['id']}", headers=headers).json()  # with config
     assert run["name"] == "tiny-llama-sft" and run["framework"] == "trl" and run["status"] == "finished"
     assert run["config"]["training_args"]["learning_rate"] == 1e-3
     metrics = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics", headers=headers).json()[

@@ -48,7 +48,8 @@ def test_verl_backend_sends_steps_and_finishes(live_server):
     backend.finish()
 
     headers = {"Authorization": f"Bearer {live_server.token}"}
-    (run,) = httpx.get(f"{live_server.url}/api/v1/runs", headers=headers).json()["runs"]
+    (listed,) = httpx.get(f"{live_server.url}/api/v1/runs", headers=headers).json()["runs"]
+    run = httpx.get(f"{live_server.url}/api/v1/runs/{listed['id']}", headers=headers).json()  # with config
     assert run["name"] == "qwen3-30b-a3b-dapo" and run["framework"] == "verl" and run["status"] == "finished"
     assert "project:qwen3_moe_grpo" in run["tags"] and run["config"] == {"actor": {"lr": 1e-6}}
     metrics = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics", headers=headers).json()[

@@ -122,7 +122,8 @@ def test_serve_demo_posts_the_recorded_runs_through_the_api(tmp_path):
         assert f"Open http://127.0.0.1:{port}/" in output, output
         token = next(line.split(": ")[-1].strip() for line in lines if "token for project 'demo'" in line)
         h = {"Authorization": f"Bearer {token}"}
-        runs = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", headers=h).json()["runs"]
+        listed = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", headers=h).json()["runs"]
+        runs = [httpx.get(f"http://127.0.0.1:{port}/api/v1/runs/{r['id']}", headers=h).json() for r in listed]
         assert {r["name"] for r in runs} == {"demo-grpo-qwen3-moe-64e-healthy", "demo-grpo-qwen3-moe-64e-bf16-rollout"}
         assert all("demo" in r["tags"] and r["config"]["demo"] is True for r in runs)
         faulty = next(r for r in runs if r["config"]["injected_fault"] == "rollout_logp_precision")

@@ -20,6 +20,24 @@ def _start_slow_body(port: int, token: str, run_id: int) -> socket.socket:
     return sock
 
 
+def _read_response(sock: socket.socket) -> str:
+    """One whole HTTP response (headers and Content-Length body), however the segments arrive."""
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+
+
+def _length(data: bytes) -> int:
+    for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
 def test_a_slow_body_holds_no_database_session_and_times_out(fresh_database_url):
     slow_token, other_token = create_token(fresh_database_url, "slow"), create_token(fresh_database_url, "other")
     with UvicornProcess(fresh_database_url, env={"MOEPROXY_BODY_READ_TIMEOUT_S": "3"}) as server:
@@ -37,7 +55,7 @@ def test_a_slow_body_holds_no_database_session_and_times_out(fresh_database_url)
             assert reply.status_code == 200 and reply.json()["accepted"] == 10
             # and the slow client is told, within the deadline (3 s here), with a JSON detail
             socks[0].settimeout(20)
-            answer = socks[0].recv(4096).decode()
+            answer = _read_response(socks[0])
             assert answer.startswith("HTTP/1.1 408"), answer[:200]
             assert "did not arrive within 3 s" in answer
         finally:
@@ -83,3 +101,131 @@ def test_the_client_drops_an_unstorable_name_and_keeps_the_rest_flowing(fresh_da
                         headers={"Authorization": f"Bearer {token}"}).json()["metrics"]
     assert set(got) == {"loss"} and got["loss"]["steps"] == list(range(60))
     assert not (tmp_path / "spill.jsonl").exists() or (tmp_path / "spill.jsonl").stat().st_size == 0
+
+
+HUGE_IDS = [2**31, 2**63, 2**64]
+
+
+@pytest.mark.parametrize("huge", HUGE_IDS, ids=["2^31", "2^63", "2^64"])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/api/v1/runs/{id}"),
+        ("PATCH", "/api/v1/runs/{id}"),
+        ("DELETE", "/api/v1/runs/{id}"),
+        ("GET", "/api/v1/runs/{id}/metrics"),
+        ("POST", "/api/v1/runs/{id}/metrics"),
+        ("GET", "/api/v1/runs/{id}/metrics/names"),
+        ("GET", "/api/v1/runs/{id}/triage"),
+        ("GET", "/api/v1/runs/{id}/triage/history"),
+    ],
+)
+def test_a_run_id_beyond_the_column_is_404_not_500(client, auth, method, path, huge):
+    body = {"steps": [{"step": 0, "values": {"loss": 1.0}}]} if path.endswith("metrics") else {"status": "finished"}
+    reply = client.request(method, path.format(id=huge), headers=auth(), json=None if method in ("GET", "DELETE") else body)
+    assert reply.status_code == 404 and "not found" in reply.json()["detail"]
+
+
+@pytest.mark.parametrize("query", ["offset=9223372036854775808", "offset=2147483648"])
+def test_a_huge_offset_is_422(client, auth, query):
+    reply = client.get(f"/api/v1/runs?{query}", headers=auth())
+    assert reply.status_code == 422 and reply.json()["detail"]
+
+
+@pytest.mark.parametrize("after", [2**63, -(2**63) - 1, 2**70])
+def test_an_after_step_beyond_64_bits_is_422(client, auth, after):
+    run_id = client.post("/api/v1/runs", json={"name": "after"}, headers=auth()).json()["id"]
+    reply = client.get(f"/api/v1/runs/{run_id}/metrics?after_step={after}", headers=auth())
+    assert reply.status_code == 422 and reply.json()["detail"]
+
+
+def test_a_page_of_a_huge_run_id_is_not_found(client):
+    assert client.get(f"/runs/{2**63}").status_code == 404
+
+
+MLFLOW = "/mlflow/api/2.0/mlflow"
+LONG = "x" * 300
+
+
+def _mlflow_run(client, auth) -> str:
+    reply = client.post(f"{MLFLOW}/runs/create", json={"experiment_id": "0", "run_name": "ok"}, headers=auth())
+    assert reply.status_code == 200, reply.text
+    return reply.json()["run"]["info"]["run_id"]
+
+
+MLFLOW_BAD_INPUTS = {
+    "run name too long": ("POST", "runs/create", {"run_name": LONG}),
+    "runName tag too long": ("POST", "runs/create", {"tags": [{"key": "mlflow.runName", "value": LONG}]}),
+    "framework tag too long": ("POST", "runs/create", {"tags": [{"key": "moeproxy.framework", "value": LONG}]}),
+    "user id too long": ("POST", "runs/create", {"user_id": LONG}),
+    "start time beyond 64 bits": ("POST", "runs/create", {"start_time": 2**64}),
+    "experiment name with NUL": ("POST", "experiments/create", {"name": "exp\u0000"}),
+    "experiment id beyond int32": ("GET", "experiments/get?experiment_id=99999999999", None),
+    "experiment name query with NUL": ("GET", "experiments/get-by-name?experiment_name=a%00b", None),
+    "run id query with NUL": ("GET", "runs/get?run_id=a%00b", None),
+    "metric step beyond 64 bits": ("POST", "runs/log-metric", {"key": "loss", "value": 1.0, "step": 2**64}),
+    "metric timestamp beyond 64 bits": ("POST", "runs/log-metric", {"key": "loss", "value": 1.0, "timestamp": 2**64}),
+    "metric key with NUL": ("POST", "runs/log-metric", {"key": "lo\u0000ss", "value": 1.0}),
+    "metric key a lone surrogate": ("POST", "runs/log-metric", {"key": "\ud800", "value": 1.0}),
+    "metric value an integer beyond a double": ("POST", "runs/log-metric", {"key": "loss", "value": 10**400}),
+    "framework tag set too long": ("POST", "runs/set-tag", {"key": "moeproxy.framework", "value": LONG}),
+    "end time beyond 64 bits": ("POST", "runs/update", {"status": "FINISHED", "end_time": 2**64}),
+    "param key too long": ("POST", "runs/log-batch", {"params": [{"key": "k" * 600, "value": "v"}]}),
+    "param value too long": ("POST", "runs/log-parameter", {"key": "k", "value": "v" * 9000}),
+}
+
+
+@pytest.mark.parametrize("case", list(MLFLOW_BAD_INPUTS))
+def test_mlflow_inputs_that_do_not_fit_are_mlflow_4xx(client, auth, case):
+    """Each was a 500 (which the MLflow client retries, blocking the training loop); now a 4xx
+    in MLflow's own error shape, which the client raises at once as an MlflowException."""
+    method, path, body = MLFLOW_BAD_INPUTS[case]
+    if body is not None and path.startswith("runs/") and path != "runs/create":
+        body = {**body, "run_id": _mlflow_run(client, auth)}
+    raw = None if body is None else json.dumps(body)  # ASCII escapes carry NUL and surrogates
+    reply = client.request(method, f"{MLFLOW}/{path}", content=raw,
+                           headers={**auth(), "Content-Type": "application/json"})
+    assert 400 <= reply.status_code < 500, (reply.status_code, reply.text)
+    answer = reply.json()
+    assert answer["error_code"] in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST") and answer["message"]
+
+
+def test_a_huge_run_config_is_refused_and_lists_leave_configs_out(client, auth):
+    from moeproxy.service.limits import MAX_BODY_BYTES, MAX_CONFIG_BYTES
+
+    too_big = {"blob": "x" * (MAX_CONFIG_BYTES + 1)}
+    reply = client.post("/api/v1/runs", json={"name": "big", "config": too_big}, headers=auth())
+    assert reply.status_code == 422 and "limit" in json.dumps(reply.json()["detail"])
+    huge = {"blob": "x" * (MAX_BODY_BYTES + 1)}
+    reply = client.post("/api/v1/runs", json={"name": "huge", "config": huge}, headers=auth())
+    assert reply.status_code == 413 and "limit" in reply.json()["detail"]
+
+    def chunks():  # no Content-Length: counted as it arrives
+        raw = json.dumps({"name": "chunked", "config": huge}).encode()
+        for i in range(0, len(raw), 65536):
+            yield raw[i : i + 65536]
+
+    reply = client.post("/api/v1/runs", content=chunks(), headers={**auth(), "Content-Type": "application/json"})
+    assert reply.status_code == 413
+    run_id = client.post("/api/v1/runs", json={"name": "fine", "config": {"lr": 1e-6}}, headers=auth()).json()["id"]
+    patched = client.patch(f"/api/v1/runs/{run_id}", json={"config": too_big}, headers=auth())
+    assert patched.status_code == 422
+    listed = client.get("/api/v1/runs", headers=auth()).json()["runs"]
+    assert [r["name"] for r in listed] == ["fine"] and "config" not in listed[0]
+    assert client.get(f"/api/v1/runs/{run_id}", headers=auth()).json()["config"] == {"lr": 1e-6}
+
+
+def test_an_oversized_mlflow_body_is_413_in_mlflow_shape(client, auth):
+    from moeproxy.service.limits import MAX_BODY_BYTES
+
+    run_id = _mlflow_run(client, auth)
+    tags = [{"key": f"t{i}", "value": "v" * 7999} for i in range(MAX_BODY_BYTES // 8000 + 2)]
+    reply = client.post(f"{MLFLOW}/runs/log-batch", json={"run_id": run_id, "tags": tags}, headers=auth())
+    assert reply.status_code == 413 and reply.json()["error_code"] == "REQUEST_LIMIT_EXCEEDED"
+
+
+@pytest.mark.parametrize("field,value", [("name", "run\u0000"), ("framework", "\ud800"), ("tags", ["a\u0000"])])
+def test_unstorable_run_fields_are_422(client, auth, field, value):
+    body = {"name": "r", field: value}
+    reply = client.post("/api/v1/runs", content=json.dumps(body), headers={**auth(), "Content-Type": "application/json"})
+    assert reply.status_code == 422 and reply.json()["detail"]
