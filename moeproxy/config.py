@@ -26,7 +26,13 @@ class Settings(BaseSettings):
     webhook_url: str | None = None  # generic JSON webhook, same events as Slack
     public_url: str = "http://127.0.0.1:8000"
     fingerprints: Path | None = None  # library path; None = the shipped library
+    # The operator's page login (every project); projects log in with their own API tokens.
     ui_token: str | None = None
+    # Pages open to anyone who reaches the port, every project visible: a laptop only.
+    public_ui: bool = False
+    # Failed page logins from one address before it must wait (counted per process).
+    login_max_failures: int = Field(default=10, ge=1)
+    login_lockout_s: float = Field(default=900.0, gt=0)
     triage_interval_s: float = Field(default=10.0, ge=0)
     # A metrics body must arrive within this (a 64 MiB body at 10 Mbit/s takes ~54 s).
     body_read_timeout_s: float = Field(default=60.0, gt=0)

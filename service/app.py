@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from moeproxy.service.db import Database
 from moeproxy.service.errors import NotAuthenticated, ServiceError
 from moeproxy.service.limits import BodyLimits, data_error_message
+from moeproxy.service.ratelimit import SlidingWindow
 from sqlalchemy.exc import DataError
 
 import moeproxy
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     )
     app.state.settings = settings
     app.state.database = database
+    app.state.login_failures = SlidingWindow(settings.login_max_failures, settings.login_lockout_s)
     for name in ROUTER_MODULES:
         app.include_router(importlib.import_module(name).router)
     app.add_middleware(BodyLimits, deadline_s=settings.body_read_timeout_s)

@@ -23,11 +23,13 @@ def _wait_ready(base_url: str, timeout_s: float) -> bool:
     return False
 
 
-def _post_demo_when_ready(base_url: str, database_url: str) -> None:
-    """Runs beside the server: wait for /readyz, create a `demo` token, post the demo runs over REST."""
+def _post_demo_when_ready(base_url: str, database_url: str, public_ui: bool) -> None:
+    """Runs beside the server: wait for /readyz, create a `demo` token, post the demo runs over
+    REST, then print a one-time login link to the demo project's pages."""
     from moeproxy.demo import DEMO_PROJECT, post_demo
     from moeproxy.service.db import Database
     from moeproxy.service.tokens import repository
+    from moeproxy.service.ui.auth import create_login_link
 
     if not _wait_ready(base_url, 60.0):
         typer.echo(f"demo: the service did not become ready at {base_url}; no demo posted", err=True)
@@ -46,7 +48,20 @@ def _post_demo_when_ready(base_url: str, database_url: str) -> None:
     for run in runs:
         typer.echo(f"demo: {run['name']}: {base_url}/runs/{run['id']}")
     typer.echo(f"demo: token for project '{DEMO_PROJECT}': {secret}")
-    typer.echo(f"Open {base_url}/  (demo: two recorded engine runs; Ctrl-C stops the service)")
+    if public_ui:
+        typer.echo(f"Open {base_url}/  (demo: two recorded engine runs; Ctrl-C stops the service)")
+        return
+    database = Database(database_url)
+    try:
+        with database.scope() as session:
+            code = create_login_link(session, DEMO_PROJECT, label="serve --demo")
+    finally:
+        database.dispose()
+    # The code rides in the fragment, which the browser keeps to itself: no access log sees it.
+    typer.echo(
+        f"Open {base_url}/login#code={code}  (a one-time login to the demo project's two recorded "
+        "engine runs; log in later with the token above; Ctrl-C stops the service)"
+    )
 
 
 def serve(
@@ -59,6 +74,10 @@ def serve(
         None, "--database-url", help="overrides MOEPROXY_DATABASE_URL (default: a SQLite file in the user data dir)"
     ),
     demo: bool = typer.Option(False, "--demo", help="once ready, post two recorded demo runs (healthy, bf16 rollout) through the REST API"),
+    public_ui: bool = typer.Option(
+        False, "--public-ui", envvar="MOEPROXY_PUBLIC_UI",
+        help="pages without a login, every project visible to anyone who reaches the port (a laptop only)",
+    ),
     upgrade: bool = typer.Option(True, "--upgrade/--no-upgrade", help="apply database migrations before starting"),
     log_level: str = typer.Option("info", envvar="MOEPROXY_LOG_LEVEL", help="uvicorn log level"),
 ) -> None:
@@ -70,14 +89,18 @@ def serve(
 
     if database_url:
         os.environ["MOEPROXY_DATABASE_URL"] = database_url  # worker processes read it too
-        get_settings.cache_clear()
+    if public_ui:
+        os.environ["MOEPROXY_PUBLIC_UI"] = "1"
+    get_settings.cache_clear()
     url = resolve_url(database_url)
     if upgrade:
         upgrade_database(url)
     base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     if demo:
-        threading.Thread(target=_post_demo_when_ready, args=(base_url, url), daemon=True).start()
+        threading.Thread(target=_post_demo_when_ready, args=(base_url, url, public_ui), daemon=True).start()
     typer.echo(f"moeproxy serving on {base_url} (database: {url.split('@')[-1]})")
+    if public_ui:
+        typer.echo("warning: --public-ui: the pages need no login and show every project", err=True)
     uvicorn.run(
         "moeproxy.service.app:create_app",
         factory=True,

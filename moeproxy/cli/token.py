@@ -105,5 +105,40 @@ def revoke(
     typer.echo(f"revoked token {token_id} of project {project!r}")
 
 
+@token_app.command("login-link")
+def login_link(
+    project: str | None = typer.Option(
+        None, "--project", "-p", help="the project whose pages it opens (default: every project, an operator's login)"
+    ),
+    hours: float = typer.Option(24.0, min=0.01, max=24.0 * 30, help="how long the link stays valid"),
+    base_url: str | None = typer.Option(
+        None, "--base-url", envvar="MOEPROXY_PUBLIC_URL", help="the pages' address (default: MOEPROXY_PUBLIC_URL)"
+    ),
+    url: str | None = UrlOption,
+) -> None:
+    """A one-time login link to the pages, printed alone on the last line.
+
+    The code is in the URL's fragment (after ``#``), which browsers do not send: it never reaches
+    an access log. It works once, within ``--hours``.
+    """
+    from datetime import timedelta
+
+    from moeproxy.config import get_settings
+    from moeproxy.service.errors import ServiceError
+    from moeproxy.service.ui.auth import create_login_link
+
+    database = _database(url)
+    try:
+        with database.scope() as session:
+            code = create_login_link(session, project, label="token login-link", max_age=timedelta(hours=hours))
+    except ServiceError as exc:
+        raise _fail(exc.detail) from None
+    finally:
+        database.dispose()
+    scope = f"project {project!r}" if project else "every project"
+    typer.echo(f"one-time login to {scope}, valid {hours:g} h:")
+    typer.echo(f"{(base_url or get_settings().public_url).rstrip('/')}/login#code={code}")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")

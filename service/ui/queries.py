@@ -57,14 +57,15 @@ def _latest_evaluation_ids():
 def list_runs(
     session: Session,
     *,
+    project_id: int | None = None,
     project: str | None = None,
     status: str | None = None,
     verdict: str | None = None,
     page: int = 1,
     per_page: int = 50,
 ) -> RunPage:
-    """Runs newest first with their current verdict; ``verdict`` filters on the top class
-    (or ``"none"`` for runs not evaluated yet)."""
+    """Runs newest first with their current verdict; ``project_id`` is the viewer's project (None:
+    every project), ``verdict`` filters on the top class (or ``"none"`` for runs not evaluated yet)."""
     latest = _latest_evaluation_ids()
     query = (
         select(Run, Project.name, TriageEvaluation)
@@ -72,6 +73,8 @@ def list_runs(
         .outerjoin(latest, latest.c.run_id == Run.id)
         .outerjoin(TriageEvaluation, TriageEvaluation.id == latest.c.eval_id)
     )
+    if project_id is not None:
+        query = query.where(Run.project_id == project_id)
     if project:
         query = query.where(Project.name == project)
     if status:
@@ -109,20 +112,28 @@ def list_runs(
     )
 
 
-def project_names(session: Session) -> list[str]:
-    return list(session.scalars(select(Project.name).order_by(Project.name)))
+def project_names(session: Session, *, project_id: int | None = None) -> list[str]:
+    query = select(Project.name).order_by(Project.name)
+    if project_id is not None:
+        query = query.where(Project.id == project_id)
+    return list(session.scalars(query))
 
 
-def verdict_classes(session: Session) -> list[str]:
-    return [c for c in session.scalars(select(TriageEvaluation.top_class).distinct()) if c]
+def verdict_classes(session: Session, *, project_id: int | None = None) -> list[str]:
+    query = select(TriageEvaluation.top_class).distinct()
+    if project_id is not None:
+        query = query.join(Run, Run.id == TriageEvaluation.run_id).where(Run.project_id == project_id)
+    return [c for c in session.scalars(query) if c]
 
 
-def get_run(session: Session, run_id: int) -> tuple[Run, str] | None:
+def get_run(session: Session, run_id: int, *, project_id: int | None = None) -> tuple[Run, str] | None:
+    """The run and its project's name; None when absent or not the viewer's (``project_id``)."""
     if not fits_id(run_id):
         return None
-    found = session.execute(
-        select(Run, Project.name).join(Project, Project.id == Run.project_id).where(Run.id == run_id)
-    ).first()
+    query = select(Run, Project.name).join(Project, Project.id == Run.project_id).where(Run.id == run_id)
+    if project_id is not None:
+        query = query.where(Run.project_id == project_id)
+    found = session.execute(query).first()
     return None if found is None else (found[0], found[1])
 
 

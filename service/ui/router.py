@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from urllib.parse import parse_qsl, urlencode
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -34,6 +35,7 @@ STATIC_FILES: dict[str, tuple[Path, str]] = {
         "text/javascript",
     ),
     "ui.js": (HERE / "static" / "ui.js", "text/javascript"),
+    "login.js": (HERE / "static" / "login.js", "text/javascript"),
     "ui.css": (HERE / "static" / "ui.css", "text/css"),
 }
 
@@ -44,32 +46,37 @@ PER_PAGE_MAX = 1000
 router = APIRouter(include_in_schema=False)
 
 
-def _gate(request: Request) -> Response | None:
-    """None when the request may see pages; otherwise the redirect to answer with.
-
-    A valid ``?token=`` sets the cookie and redirects to the same URL without the token, so the
-    token does not stay in the address bar or the history.
-    """
-    expected = auth.ui_token(request)
-    if expected is None or auth.is_authorised(request):
-        return None
-    given = request.query_params.get("token")
-    if auth.token_matches(given, expected):
-        response = RedirectResponse(auth.without_token(request.url), status_code=303)
-        _set_cookie(response, request, expected)
-        return response
-    return RedirectResponse(auth.login_url(request), status_code=303)
+def _viewer(request: Request, session) -> auth.Viewer | None:
+    """Who is looking, or None when nobody is logged in (a read: it never writes)."""
+    if auth.is_public(request):
+        return auth.PUBLIC
+    return auth.viewer_of(session, request.cookies.get(auth.COOKIE))
 
 
-def _set_cookie(response: Response, request: Request, expected: str) -> None:
+def _to_login(request: Request) -> Response:
+    # A ``token`` parameter is dropped, not carried into ``next``: pages take no secrets in URLs
+    # (they would be written to every access log on the way).
+    query = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "token"]
+    here = request.url.path + (f"?{urlencode(query)}" if query else "")
+    return RedirectResponse("/login?" + urlencode({"next": here}), status_code=303)
+
+
+def _set_cookie(response: Response, request: Request, secret: str) -> None:
     response.set_cookie(
         auth.COOKIE,
-        auth.cookie_value(expected),
-        max_age=auth.COOKIE_MAX_AGE_S,
+        secret,
+        max_age=int(auth.SESSION_MAX_AGE.total_seconds()),
         httponly=True,
         samesite="lax",
         secure=request.url.scheme == "https",
     )
+
+
+def _same_origin(request: Request) -> bool:
+    # A form POST from another site carries its own Origin; the Lax cookie already stays behind,
+    # this refuses such a POST even from a browser that sends it.
+    origin = request.headers.get("origin")
+    return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
 
 
 def _fmt_time(value: datetime | None) -> str:
@@ -99,34 +106,62 @@ def static(name: str) -> Response:
     return FileResponse(path, media_type=media_type, headers={"Cache-Control": "public, max-age=3600"})
 
 
-@router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request, next: str = "/", error: str | None = None) -> Response:
+def _login_page(request: Request, target: str, error: str | None, status_code: int = 200, headers=None):
     return templates.TemplateResponse(
         request,
         "login.html",
-        {"next": auth.safe_next(next), "error": error, "gated": auth.ui_token(request) is not None},
+        {"next": target, "error": error, "viewer": None, "operator_login": _operator_login(request)},
+        status_code=status_code,
+        headers=headers,
     )
 
 
+def _operator_login(request: Request) -> bool:
+    return bool(request.app.state.settings.ui_token)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, next: str = "/") -> Response:
+    if auth.is_public(request):
+        return RedirectResponse(auth.safe_next(next), status_code=303)
+    return _login_page(request, auth.safe_next(next), None)
+
+
 @router.post("/login")
-def login(request: Request, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/") -> Response:
-    expected = auth.ui_token(request)
+def login(
+    request: Request,
+    session: SessionDep,
+    token: Annotated[str, Form(max_length=512)],
+    next: Annotated[str, Form(max_length=2048)] = "/",
+) -> Response:
     target = auth.safe_next(next)
-    if expected is None:
+    if auth.is_public(request):
         return RedirectResponse(target, status_code=303)
-    if not auth.token_matches(token, expected):
-        return templates.TemplateResponse(
-            request, "login.html", {"next": target, "error": "wrong token", "gated": True}, status_code=401
+    failures = request.app.state.login_failures
+    key = auth.client_key(request)
+    if wait := failures.retry_after(key):
+        return _login_page(
+            request, target, f"too many failed logins from this address: try again in {wait} s",
+            status_code=429, headers={"Retry-After": str(wait)},
         )
+    secret = auth.log_in(request, session, token)
+    if secret is None:
+        # Not cleared by a later success: a valid token of one project must not reset the count
+        # of guesses at another's.
+        failures.record(key)
+        return _login_page(request, target, "wrong, revoked or used token", status_code=401)
     response = RedirectResponse(target, status_code=303)
-    _set_cookie(response, request, expected)
+    _set_cookie(response, request, secret)
     return response
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request, session: SessionDep) -> Response:
+    if not _same_origin(request):
+        return JSONResponse({"detail": "cross-site request refused"}, status_code=403)
+    auth.end_session(session, request.cookies.get(auth.COOKIE))
     response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(auth.COOKIE)
+    response.delete_cookie(auth.COOKIE, httponly=True, samesite="lax", secure=request.url.scheme == "https")
     return response
 
 
@@ -140,10 +175,11 @@ def runs_page(
     page: Annotated[int, Query(ge=1)] = 1,
     per_page: Annotated[int, Query(ge=1, le=PER_PAGE_MAX)] = 50,
 ) -> Response:
-    if (redirect := _gate(request)) is not None:
-        return redirect
+    if (viewer := _viewer(request, session)) is None:
+        return _to_login(request)
     listing = queries.list_runs(
         session,
+        project_id=viewer.project_id,
         project=project or None,
         status=status or None,
         verdict=verdict or None,
@@ -155,26 +191,20 @@ def runs_page(
         "runs.html",
         {
             "listing": listing,
-            "projects": queries.project_names(session),
+            "projects": queries.project_names(session, project_id=viewer.project_id),
             "statuses": [s.value for s in RunStatus],
-            "verdicts": queries.verdict_classes(session),
+            "verdicts": queries.verdict_classes(session, project_id=viewer.project_id),
             "filters": {"project": project or "", "status": status or "", "verdict": verdict or ""},
-            "gated": auth.ui_token(request) is not None,
+            "viewer": viewer,
         },
     )
 
 
-def _evaluation(request: Request, session, run):
+def _stored_evaluation(session, run):
+    """The run's latest stored evaluation. A page never evaluates: live triage does after each
+    ingest, and the page's "Evaluate now" button (a POST) when asked."""
     row = triage_repo.latest(session, run.id)
-    if row is not None:
-        return triage_repo.to_response(session, row), row
-    if metrics.last_step(session, run.id) is None:
-        return None, None
-    try:
-        result, _alerts = evaluate_run(session, run, get_engine(request.app), request.app.state.settings)
-    except LibraryUnavailable as exc:
-        return exc.detail, None
-    return result, triage_repo.latest(session, run.id)
+    return (None, None) if row is None else (triage_repo.to_response(session, row), row)
 
 
 def _is_live(run) -> bool:
@@ -221,15 +251,17 @@ def _figures(session, run, result) -> tuple[list[plots.MetricFigure], list[plots
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: int, session: SessionDep) -> Response:
-    if (redirect := _gate(request)) is not None:
-        return redirect
-    found = queries.get_run(session, run_id)
+    if (viewer := _viewer(request, session)) is None:
+        return _to_login(request)
+    found = queries.get_run(session, run_id, project_id=viewer.project_id)
     if found is None:
-        return templates.TemplateResponse(request, "not_found.html", {"run_id": run_id}, status_code=404)
-    run, project = found
-    result, row = _evaluation(request, session, run)
-    problem = result if isinstance(result, str) else None
-    result = None if problem else result
+        return _not_found(request, viewer, run_id)
+    return _render_run(request, session, viewer, *found)
+
+
+def _render_run(request: Request, session, viewer: auth.Viewer, run, project: str, problem: str | None = None):
+    result, row = _stored_evaluation(session, run)
+    last_step = metrics.last_step(session, run.id)
     history = {h.fault_class: h for h in (result.history if result is not None else [])}
     key_figures, other_figures = _figures(session, run, result)
     plot_data = {
@@ -252,11 +284,37 @@ def run_page(request: Request, run_id: int, session: SessionDep) -> Response:
             "plot_json": Markup(json.dumps(plot_data, allow_nan=False).replace("<", "\\u003c")),
             "live": _is_live(run),
             "poll_s": LIVE_POLL_S,
-            "state_version": _state_version(row, metrics.last_step(session, run.id)),
+            "state_version": _state_version(row, last_step),
+            "has_metrics": last_step is not None,
             "strong_threshold": (result.details or {}).get("strong_threshold") if result else None,
-            "gated": auth.ui_token(request) is not None,
+            "viewer": viewer,
         },
+        status_code=200 if problem is None else 503,
     )
+
+
+def _not_found(request: Request, viewer: auth.Viewer, run_id: int) -> Response:
+    # Another project's run is "not found" too: the page does not tell it exists.
+    return templates.TemplateResponse(
+        request, "not_found.html", {"run_id": run_id, "viewer": viewer}, status_code=404
+    )
+
+
+@router.post("/runs/{run_id}/evaluate")
+def evaluate_page(request: Request, run_id: int, session: SessionDep) -> Response:
+    """The page's "Evaluate now": triage the run with its metrics so far, store it, show it."""
+    if (viewer := _viewer(request, session)) is None:
+        return _to_login(request)
+    if not _same_origin(request):
+        return JSONResponse({"detail": "cross-site request refused"}, status_code=403)
+    found = queries.get_run(session, run_id, project_id=viewer.project_id)
+    if found is None:
+        return _not_found(request, viewer, run_id)
+    try:
+        evaluate_run(session, found[0], get_engine(request.app), request.app.state.settings)
+    except LibraryUnavailable as exc:
+        return _render_run(request, session, viewer, *found, problem=exc.detail)
+    return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
 def _state_version(row, last_step: int | None) -> str:
@@ -268,9 +326,9 @@ def _state_version(row, last_step: int | None) -> str:
 @router.get("/runs/{run_id}/state")
 def run_state(request: Request, run_id: int, session: SessionDep) -> Response:
     """What the page polls while the run is live: it reloads when the version changes."""
-    if not auth.is_authorised(request):
+    if (viewer := _viewer(request, session)) is None:
         return JSONResponse({"detail": "login required"}, status_code=401)
-    found = queries.get_run(session, run_id)
+    found = queries.get_run(session, run_id, project_id=viewer.project_id)
     if found is None:
         return JSONResponse({"detail": f"run {run_id} not found"}, status_code=404)
     run, _project = found
@@ -281,14 +339,14 @@ def run_state(request: Request, run_id: int, session: SessionDep) -> Response:
 
 
 @router.get("/faults", response_class=HTMLResponse)
-def faults_page(request: Request) -> Response:
-    if (redirect := _gate(request)) is not None:
-        return redirect
+def faults_page(request: Request, session: SessionDep) -> Response:
+    if (viewer := _viewer(request, session)) is None:
+        return _to_login(request)
     by_family: dict[str, list] = {}
     for fault in FAULT_CLASSES.values():
         by_family.setdefault(fault.family, []).append(fault)
     return templates.TemplateResponse(
-        request, "faults.html", {"by_family": by_family, "gated": auth.ui_token(request) is not None}
+        request, "faults.html", {"by_family": by_family, "viewer": viewer}
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,11 +43,28 @@ def test_token_create_prints_the_token_on_the_last_line(fresh_database_url):
     assert len(json.loads(_run(["token", "list", "--json", "--all"], fresh_database_url).stdout)) == 1
 
 
+def test_token_login_link_opens_its_project_pages_once(fresh_database_url):
+    token = _run(["token", "create", "--project", "linked"], fresh_database_url).stdout.strip().splitlines()[-1]
+    with UvicornProcess(fresh_database_url) as server:
+        headers = {"Authorization": f"Bearer {token}"}
+        httpx.post(f"{server.url}/api/v1/runs", json={"name": "linked-run"}, headers=headers).raise_for_status()
+        made = _run(["token", "login-link", "--project", "linked", "--base-url", server.url], fresh_database_url)
+        assert made.returncode == 0, made.stderr
+        link = made.stdout.strip().splitlines()[-1]
+        assert link.startswith(f"{server.url}/login#code=mpl_")
+        code = link.split("#code=", 1)[1]
+        with httpx.Client(base_url=server.url, follow_redirects=True) as browser:
+            assert browser.post("/login", data={"token": code}).status_code == 200
+            assert "linked-run" in browser.get("/").text
+        assert httpx.post(f"{server.url}/login", data={"token": code}).status_code == 401
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["token", "create", "--project", "bad name!"], "invalid project name"),
         (["token", "revoke", "987654"], "no token matches"),
+        (["token", "login-link", "--project", "nobody"], "no project 'nobody'"),
     ],
 )
 def test_cli_user_errors_exit_2_with_a_message(tmp_path, args, message):
@@ -119,7 +137,16 @@ def test_serve_demo_posts_the_recorded_runs_through_the_api(tmp_path):
             if line.startswith("Open http://"):
                 break
         output = "".join(lines)
-        assert f"Open http://127.0.0.1:{port}/" in output, output
+        link = re.search(rf"Open (http://127\.0\.0\.1:{port}/login#code=(mpl_[\w-]+))", output)
+        assert link, output
+        # What the login page's script does with the fragment: post the code once; it opens the
+        # demo project's pages, and a second use is refused.
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", follow_redirects=True) as browser:
+            assert browser.get("/", follow_redirects=False).status_code == 303  # a login is needed
+            assert browser.post("/login", data={"token": link.group(2)}).status_code == 200
+            assert "demo-grpo-qwen3-moe-64e-bf16-rollout" in browser.get("/").text
+        again = httpx.post(f"http://127.0.0.1:{port}/login", data={"token": link.group(2)})
+        assert again.status_code == 401
         token = next(line.split(": ")[-1].strip() for line in lines if "token for project 'demo'" in line)
         h = {"Authorization": f"Bearer {token}"}
         listed = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", headers=h).json()["runs"]

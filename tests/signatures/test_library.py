@@ -118,7 +118,7 @@ def test_the_signature_library_reads_no_environment(monkeypatch, tmp_path):
     import re
     from pathlib import Path
 
-    from moeproxy.signatures.fingerprint import resolve_library_path, shipped_library_dir
+    from moeproxy.signatures.fingerprint import shipped_library_dir
 
     monkeypatch.setenv("MOEPROXY_FINGERPRINTS", str(tmp_path / "elsewhere.json"))
     from moeproxy.config import get_settings

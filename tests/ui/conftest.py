@@ -40,20 +40,29 @@ def fingerprint_library(tmp_path_factory):
     return save_library(FingerprintLibrary(tuple(fingerprints)), tmp_path_factory.mktemp("library"))
 
 
+OPERATOR_TOKEN = "operator-login-for-tests"
+
+
 @pytest.fixture
 def ui_app(database, fingerprint_library):
     from moeproxy.service.app import create_app
 
     from moeproxy.config import Settings
 
-    return create_app(Settings(database_url="sqlite://", fingerprints=fingerprint_library), database=database)
+    return create_app(
+        Settings(database_url="sqlite://", fingerprints=fingerprint_library, ui_token=OPERATOR_TOKEN),
+        database=database,
+    )
 
 
 @pytest.fixture
 def ui_client(ui_app):
+    """A client logged into the pages as the operator (every project), as the pages need a login."""
     from fastapi.testclient import TestClient
 
     with TestClient(ui_app) as c:
+        login = c.post("/login", data={"token": OPERATOR_TOKEN}, follow_redirects=False)
+        assert login.status_code == 303 and c.cookies.get("moeproxy_ui"), login.text
         yield c
 
 

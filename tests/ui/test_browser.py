@@ -47,8 +47,11 @@ def served(tmp_path):
     url = f"sqlite:///{tmp_path / 'browser.db'}"
     migrations.upgrade(url)
     database = Database(url)
+    from moeproxy.service.ui.auth import create_login_link
+
     with database.scope() as s:
         _row, token = tokens.create_token(s, "demo")
+        code = create_login_link(s, "demo")  # what `serve --demo` prints
     app = create_app(
         # The shipped fingerprint library (fingerprints=None): the demo runs are recorded engine
         # runs, and the page must show what a user of `serve --demo` sees.
@@ -64,7 +67,7 @@ def served(tmp_path):
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.started
-    yield f"http://127.0.0.1:{port}", token, app
+    yield f"http://127.0.0.1:{port}", token, code, app
     server.should_exit = True
     thread.join(10)
     database.dispose()
@@ -73,7 +76,7 @@ def served(tmp_path):
 def test_demo_run_page_in_chromium(served):
     from moeproxy.demo import post_demo
 
-    base, token, app = served
+    base, token, code, app = served
     posted = post_demo(base, token)
     faulty = next(r for r in posted if "healthy" not in r["name"])
     healthy = next(r for r in posted if "healthy" in r["name"])
@@ -90,6 +93,10 @@ def test_demo_run_page_in_chromium(served):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
+            # The printed one-time link: login.js posts the fragment's code, then the runs list.
+            page.goto(f"{base}/login#code={code}")
+            page.wait_for_url(f"{base}/")
+            assert "project demo" in page.locator("#viewer").inner_text()
             page.goto(f"{base}/runs/{faulty['id']}")
             rows = page.locator("#candidates tr.candidate")
             rows.first.wait_for()

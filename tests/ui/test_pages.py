@@ -1,4 +1,4 @@
-"""The pages through the app: runs list, run page, fault catalogue, static files, the UI token gate."""
+"""The pages through the app: runs list, run page, fault catalogue, static files (logins: test_page_logins)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,8 @@ import json
 import re
 
 import numpy as np
-import pytest
-from fastapi.testclient import TestClient
 
-from moeproxy.config import Settings
 from moeproxy.reproduction.catalogue import FAULT_CLASSES
-from moeproxy.service.app import create_app
 from moeproxy.signatures.synthetic import synthetic_run
 
 
@@ -51,6 +47,7 @@ def test_runs_list_newest_first_with_verdict_filters_and_pages(ui_client, auth, 
 def test_run_page_plots_overlays_change_points_and_nonfinite(ui_client, auth, post_run):
     run = synthetic_run("gradient_overflow", steps=80, onset=30, seed=122)
     run_id = post_run(run, "overflow")
+    assert ui_client.post(f"/api/v1/runs/{run_id}/triage", headers=auth()).status_code == 200
     html = ui_client.get(f"/runs/{run_id}").text
     assert '<script src="/static/plotly.min.js"' in html and "cdn" not in html.lower()
     data = plot_data(html)
@@ -85,43 +82,6 @@ def test_plotly_is_served_from_the_installed_package(ui_client):
     assert b"plotly" in response.content[:2000].lower()
     assert ui_client.get("/static/ui.js").status_code == 200
     assert ui_client.get("/static/../router.py").status_code == 404
-
-
-@pytest.fixture
-def gated_client(database, fingerprint_library):
-    app = create_app(
-        Settings(database_url="sqlite://", fingerprints=fingerprint_library, ui_token="s3cret"),
-        database=database,
-    )
-    with TestClient(app) as client:
-        yield client
-
-
-def test_ui_token_gate(gated_client):
-    page = gated_client.get("/", follow_redirects=False)
-    assert page.status_code == 303 and page.headers["location"].startswith("/login?next=")
-    assert gated_client.get("/faults", follow_redirects=False).status_code == 303
-    assert gated_client.get("/static/ui.css").status_code == 200  # assets are not secret
-
-    wrong = gated_client.post("/login", data={"token": "nope", "next": "/faults"}, follow_redirects=False)
-    assert wrong.status_code == 401 and "wrong token" in wrong.text
-    assert "s3cret" not in wrong.text
-
-    ok = gated_client.post(
-        "/login", data={"token": "s3cret", "next": "//evil.example/"}, follow_redirects=False
-    )
-    assert ok.status_code == 303 and ok.headers["location"] == "/"  # no open redirect
-    cookie = ok.cookies.get("moeproxy_ui")
-    assert cookie and "s3cret" not in cookie
-    assert gated_client.get("/", cookies={"moeproxy_ui": cookie}).status_code == 200
-
-
-def test_ui_token_in_the_query_sets_the_cookie_and_leaves_the_url(gated_client):
-    response = gated_client.get("/faults?token=s3cret&x=1", follow_redirects=False)
-    assert response.status_code == 303 and response.headers["location"] == "/faults?x=1"
-    assert gated_client.get("/faults?x=1", follow_redirects=False).status_code == 200  # the cookie jar has it
-    gated_client.cookies.clear()
-    assert gated_client.get("/faults?token=wrong", follow_redirects=False).status_code == 303
 
 
 def test_page_read_path_matches_the_repository(database, auth, ui_client):
