@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"
 
-#: The engine setting of these runs (a healthy run that still learns: 16 prompts x 8 samples).
+#: The batch of these runs (16 prompts x 8 samples); a reference model adds its own RL setting
+#: (``ReferenceModel.rl_engine``: LR and the prompt mix under which its healthy run learns).
 ENGINE = {"prompts_per_step": 16, "group_size": 8, "ppo_mini_batch_size": 4, "lr": 5e-5}
 
 #: One fault per family: job name -> (class, variant, params). Code bugs start part-way through,
@@ -50,7 +51,9 @@ PANELS: dict[str, str] = {
 }
 
 
-def run_job(model_dir: Path, out: Path, fault: tuple[str, str, dict], steps: int, seed: int, threads: int) -> Path:
+def run_job(
+    model_dir: Path, out: Path, fault: tuple[str, str, dict], steps: int, seed: int, threads: int, engine: dict
+) -> Path:
     from moeproxy.reproduction.backend import ModelSpec, get_backend
     from moeproxy.reproduction.config import EngineConfig
     from moeproxy.reproduction.faults import FaultSpec
@@ -58,7 +61,7 @@ def run_job(model_dir: Path, out: Path, fault: tuple[str, str, dict], steps: int
     if (out / "manifest.json").exists():
         return out
     cls, variant, params = fault
-    config = EngineConfig(**ENGINE, threads=threads)
+    config = EngineConfig(**engine, threads=threads)
     t0 = time.perf_counter()
     get_backend("local").run(ModelSpec(str(model_dir)), FaultSpec(cls, variant, params), [seed], steps,
                              config=config, out_dir=out, with_healthy=False, view="raw",
@@ -123,13 +126,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "reproduction")
     args = ap.parse_args()
 
-    from moeproxy.reproduction.reference import REFERENCE_MODELS, reference_model_path
+    from moeproxy.reproduction.reference import REFERENCE_MODELS, reference_model_path, rl_engine_defaults
 
     model_dir = reference_model_path(args.model) if args.model in REFERENCE_MODELS else Path(args.model)
     name = args.model if args.model in REFERENCE_MODELS else model_dir.name
+    engine = {**ENGINE, **rl_engine_defaults(args.model)}
     base = args.out / name
-    healthy = run_job(model_dir, base / "healthy", ("healthy", "none", {}), args.steps, args.seed, args.threads)
-    summary: dict = {"model": name, "steps": args.steps, "seed": args.seed, "engine": ENGINE,
+    healthy = run_job(model_dir, base / "healthy", ("healthy", "none", {}), args.steps, args.seed, args.threads, engine)
+    summary: dict = {"model": name, "steps": args.steps, "seed": args.seed,
+                     "engine": {k: list(v) if isinstance(v, tuple) else v for k, v in engine.items()},
                      "host": {"platform": platform.platform(), "threads": args.threads}, "runs": {}}
     h = {panel: series(healthy, metric) for panel, metric in PANELS.items()}
     summary["runs"]["healthy"] = {
@@ -142,7 +147,7 @@ def main() -> None:
         svg_panels({p: {"healthy": xs} for p, xs in h.items()}, f"{name}: healthy GRPO run, {args.steps} steps"))
     for family in [f for f in args.families.split(",") if f and f != "none"]:
         cls, variant, params = FAMILY_JOBS[family]
-        d = run_job(model_dir, base / family, FAMILY_JOBS[family], args.steps, args.seed, args.threads)
+        d = run_job(model_dir, base / family, FAMILY_JOBS[family], args.steps, args.seed, args.threads, engine)
         f = {panel: series(d, metric) for panel, metric in PANELS.items()}
         summary["runs"][family] = {"fault": f"{cls}/{variant}", "params": params,
                                    **{f"{panel} last20 fault/healthy": [statistics.fmean(f[panel][-20:]),

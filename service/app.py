@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from moeproxy.service.db import Database
 from moeproxy.service.errors import NotAuthenticated, ServiceError
 from moeproxy.service.limits import BodyLimits, data_error_message
+from moeproxy.service.middleware import SecurityHeaders, UnexpectedErrors, install_log_redaction
 from moeproxy.service.ratelimit import SlidingWindow
 from sqlalchemy.exc import DataError
 
@@ -74,7 +75,11 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     app.state.login_failures = SlidingWindow(settings.login_max_failures, settings.login_lockout_s)
     for name in ROUTER_MODULES:
         app.include_router(importlib.import_module(name).router)
+    # Added innermost first: SecurityHeaders wraps every answer, UnexpectedErrors' 500s included.
     app.add_middleware(BodyLimits, deadline_s=settings.body_read_timeout_s)
+    app.add_middleware(UnexpectedErrors)
+    app.add_middleware(SecurityHeaders)
+    install_log_redaction()
     _install_error_handlers(app)
     return app
 
@@ -101,6 +106,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         # A JSON body nested thousands deep exhausts the parser's recursion: the client's fault.
         return JSONResponse({"detail": "request body is nested too deeply"}, status_code=422)
 
+    # The net under UnexpectedErrors (service/middleware.py), for an error in a middleware itself.
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
 
 class ServiceError(Exception):
     status_code = 400
@@ -38,3 +40,36 @@ class PayloadTooLarge(ServiceError):
 
 class UnsupportedMediaType(ServiceError):
     status_code = 415
+
+
+# --- How the errors read in the OpenAPI document: the bodies the handlers in app.py really send.
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+class FieldProblem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrorBody(BaseModel):
+    # A list from request validation (FastAPI's shape, without the echoed input); a sentence
+    # from the checks after it (a value that does not fit its column, a body nested too deeply).
+    detail: list[FieldProblem] | str
+
+
+def _error(description: str, model: type[BaseModel] = ErrorBody) -> dict:
+    return {"model": model, "description": description}
+
+
+API_ERRORS: dict[int | str, dict] = {
+    401: _error("missing, invalid or revoked bearer token"),
+    404: _error("no such run (or route) in the token's project"),
+    408: _error("the request body did not arrive within MOEPROXY_BODY_READ_TIMEOUT_S"),
+    413: _error("request body (1 MiB; a metrics batch 64 MiB) or batch over its limit"),
+    422: _error("invalid request: the fields at fault, or what does not fit", ValidationErrorBody),
+    500: _error("unexpected server error (logged)"),
+}

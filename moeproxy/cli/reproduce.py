@@ -40,16 +40,24 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _resolve_model(model: str) -> Path:
+def _resolve_model(model: str) -> tuple[Path, dict]:
+    """The checkpoint directory, and the engine defaults of a reference model named by name."""
     path = Path(model)
     if path.is_dir():
-        return path
-    try:  # a shipped reference model by name
-        from moeproxy.reproduction.reference import reference_model_path
+        return path, {}
+    from moeproxy.reproduction.reference import (
+        CheckpointMissing,
+        UnknownReferenceModel,
+        reference_model_path,
+        rl_engine_defaults,
+    )
 
-        return Path(reference_model_path(model))
-    except Exception:  # noqa: BLE001 - any failure means "not a known name": report the path problem
+    try:  # a shipped reference model by name
+        return Path(reference_model_path(model)), rl_engine_defaults(model)
+    except UnknownReferenceModel:
         _fail(f"--model {model!r}: not a directory and not a known reference model name")
+    except CheckpointMissing as exc:
+        _fail(str(exc))
 
 
 def _progress_line(label: str, seed: int, step: int, steps: int, v: dict[str, float]) -> str:
@@ -109,9 +117,13 @@ def register(app: typer.Typer) -> None:
                     _fail("give --model and --fault (or --manifest)")
                 if out is None:
                     _fail("--out DIR is required")
-                model_dir = _resolve_model(model)
+                model_dir, defaults = _resolve_model(model)
                 spec = FaultSpec(fault, variant, _pairs(param, "--param"))
-                config = EngineConfig().with_strings(_pairs(engine, "--engine"))
+                # The reference model's own RL setting first, then what --engine says.
+                config = EngineConfig(**defaults).with_strings(_pairs(engine, "--engine"))
+                if defaults:
+                    shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in defaults.items())
+                    typer.echo(f"{model}: engine defaults {shown} (override with --engine)", err=True)
                 model_spec = ModelSpec(str(model_dir))
                 seed_list, n_steps, device_s, backend_s = _parse_seeds(seeds), steps, device, backend
                 with_healthy, out_dir = not no_healthy, out

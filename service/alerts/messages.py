@@ -129,7 +129,8 @@ def slack_blocks(msg: AlertMessage) -> dict[str, Any]:
             ],
         },
     ]
-    return {"text": _clip(summary_line(msg), _SECTION_MAX), "blocks": blocks}
+    # The fallback text is mrkdwn too: a run named "<!channel>" must not notify a whole channel.
+    return {"text": _clip(_escape(summary_line(msg)), _SECTION_MAX), "blocks": blocks}
 
 
 def webhook_json(msg: AlertMessage) -> dict[str, Any]:

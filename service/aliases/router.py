@@ -4,8 +4,9 @@ from fastapi import APIRouter, Query, Response, status
 from moeproxy.service.aliases import repository
 from moeproxy.service.aliases.schemas import AliasCreate, AliasList, AliasOut
 from moeproxy.service.auth import ProjectDep, SessionDep
+from moeproxy.service.errors import API_ERRORS
 
-router = APIRouter(prefix="/api/v1/aliases", tags=["aliases"])
+router = APIRouter(prefix="/api/v1/aliases", tags=["aliases"], responses=API_ERRORS)
 
 
 def _out(row) -> AliasOut:

@@ -5,14 +5,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.auth import ProjectDep, SessionDep
-from moeproxy.service.errors import UnsupportedMediaType
+from moeproxy.service.errors import API_ERRORS, ErrorBody, UnsupportedMediaType
 from moeproxy.service.limits import BODY_LIMIT_SCOPE_KEY, INT64_MAX, INT64_MIN
 from moeproxy.service.metrics import codec, repository
 from moeproxy.service.metrics.codec import INGEST_BODY_SCHEMA, encode_values, parse_ingest_body
 from moeproxy.service.metrics.schemas import IngestResult, MetricNameOut, MetricNamesOut, MetricsOut
 from moeproxy.service.runs import repository as runs
 
-router = APIRouter(prefix="/api/v1/runs/{run_id}/metrics", tags=["metrics"])
+router = APIRouter(prefix="/api/v1/runs/{run_id}/metrics", tags=["metrics"], responses=API_ERRORS)
 
 
 async def read_limited_body(request: Request) -> bytes:
@@ -36,8 +36,10 @@ RawBody = Annotated[bytes, Depends(read_limited_body)]
     "",
     response_model=IngestResult,
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": INGEST_BODY_SCHEMA}}}},
-    responses={413: {"description": "more than 10,000 steps, 1,000,000 points or 64 MiB in one request"},
-               408: {"description": "the body did not arrive within the read deadline"}},
+    responses={
+        413: {"model": ErrorBody, "description": "more than 10,000 steps, 1,000,000 points or 64 MiB in one request"},
+        415: {"model": ErrorBody, "description": "the body is not application/json"},
+    },
 )
 def ingest_metrics(run_id: int, body: RawBody, project: ProjectDep, session: SessionDep) -> IngestResult:
     """Store points; idempotent on (run, metric, step): a re-sent point overwrites, never duplicates.

@@ -35,6 +35,7 @@ from moeproxy.service.mlflow.schemas import (
     SetTag,
     UpdateRun,
 )
+from pydantic import BaseModel
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -85,7 +86,32 @@ class MlflowRoute(APIRoute):
         return mlflow_handler
 
 
-router = APIRouter(prefix="/mlflow/api/2.0/mlflow", tags=["mlflow"], route_class=MlflowRoute)
+class MlflowErrorBody(BaseModel):
+    """MLflow's own error shape (mlflow/protos/databricks.proto ErrorCode names)."""
+
+    error_code: str
+    message: str
+
+
+def _mlflow_error(description: str) -> dict:
+    return {"model": MlflowErrorBody, "description": description}
+
+
+MLFLOW_ERRORS: dict[int | str, dict] = {
+    400: _mlflow_error("INVALID_PARAMETER_VALUE: a missing, malformed or unstorable field"),
+    401: _mlflow_error("UNAUTHENTICATED: missing, invalid or revoked bearer token"),
+    404: _mlflow_error("RESOURCE_DOES_NOT_EXIST"),
+    408: _mlflow_error("the request body did not arrive in time"),
+    409: _mlflow_error("RESOURCE_ALREADY_EXISTS"),
+    413: _mlflow_error("REQUEST_LIMIT_EXCEEDED: body over 1 MiB"),
+    500: _mlflow_error("INTERNAL_ERROR (logged)"),
+    # Request validation answers 400 in MLflow's shape; "4XX" also keeps FastAPI from adding its 422.
+    "4XX": _mlflow_error("any other client error"),
+}
+
+router = APIRouter(
+    prefix="/mlflow/api/2.0/mlflow", tags=["mlflow"], route_class=MlflowRoute, responses=MLFLOW_ERRORS
+)
 
 EMPTY: dict = {}
 
@@ -112,7 +138,10 @@ def create_experiment(spec: CreateExperiment, project: ProjectDep, session: Sess
     return {"experiment_id": repo.external_id(repo.create_experiment(session, project.id, spec))}
 
 
-@router.api_route("/experiments/search", methods=["GET", "POST"])
+# The MLflow client POSTs its search; GET answers the same for curl. Two routes, one handler, each
+# with its own operation id (one id for both is not a valid OpenAPI document).
+@router.post("/experiments/search", operation_id="mlflow_search_experiments")
+@router.get("/experiments/search", operation_id="mlflow_search_experiments_get")
 def search_experiments(project: ProjectDep, session: SessionDep) -> dict:
     repo.default_experiment(session, project.id)
     return {"experiments": [repo.experiment_json(e) for e in repo.list_experiments(session, project.id)]}

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Response, status
 from moeproxy.service.auth import ProjectDep, SessionDep
+from moeproxy.service.errors import API_ERRORS
 from moeproxy.service.limits import INT32_MAX
 from moeproxy.service.runs import repository
 from moeproxy.service.runs.schemas import RunCreate, RunList, RunOut, RunSummary, RunUpdate
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=API_ERRORS)
 
 
 @router.post(

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from moeproxy.service.auth import ProjectDep, SessionDep
+from moeproxy.service.errors import API_ERRORS
 from moeproxy.service.runs import repository as runs
 from moeproxy.service.triage import repository
 from moeproxy.service.triage.live import get_engine
@@ -13,7 +14,7 @@ from moeproxy.service.triage.schemas import TriageResponse
 from moeproxy.service.triage.service import evaluate_run
 from pydantic import BaseModel
 
-router = APIRouter(prefix="/api/v1/runs/{run_id}/triage", tags=["triage"])
+router = APIRouter(prefix="/api/v1/runs/{run_id}/triage", tags=["triage"], responses=API_ERRORS)
 
 
 def _public(result: TriageResponse, details: bool) -> TriageResponse:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from urllib.parse import parse_qsl, urlencode
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import parse_qsl, urlencode
 
 import plotly
 from fastapi import APIRouter, Form, Query, Request

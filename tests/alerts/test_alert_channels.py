@@ -56,6 +56,31 @@ def test_block_kit_message_has_run_link_top_classes_and_first_evidence_lines():
     assert payload["blocks"][4]["elements"][0]["url"] == "http://moeproxy.example/runs/7"
 
 
+def test_no_slack_text_carries_a_raw_mention_or_link():
+    """A run named ``<!channel>`` went through in the fallback ``text`` (issue 16, defect 7)."""
+    payload = slack_blocks(
+        make_message(run_name="<!channel> <@U123|x>", project="<!here>", verdict="<https://evil.example|ok>")
+    )
+
+    def texts(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "text" and isinstance(value, str):
+                    yield value
+                else:
+                    yield from texts(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from texts(item)
+
+    every = list(texts(payload))
+    assert payload["text"] in every and len(every) > 5
+    for text in every:
+        for raw in ("<!channel>", "<!here>", "<@U123", "<https://evil"):
+            assert raw not in text, (raw, text)
+    assert "&lt;!channel&gt;" in payload["text"]
+
+
 def test_message_json_round_trip():
     msg = make_message()
     assert AlertMessage.from_json(msg.to_json()) == msg

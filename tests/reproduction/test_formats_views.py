@@ -139,6 +139,24 @@ def test_reference_list_names_each_checkpoint_use():
     json.dumps(rows)  # what `moeproxy reference list --json` prints
 
 
+def test_an_rl_starting_point_names_a_valid_engine_setting_with_prompts_that_carry_signal():
+    """``rl_engine`` is an EngineConfig the checkpoint's healthy run learns under: its tasks are the
+    ones whose stored held-out accuracy leaves a GRPO group something to tell apart (0.2-0.8)."""
+    from moeproxy.reproduction.config import EngineConfig
+    from moeproxy.reproduction.reference import REFERENCE_MODELS, ReferenceModel, TrainingRecipe, rl_engine_defaults
+
+    for name, model in REFERENCE_MODELS.items():
+        assert rl_engine_defaults(name) == model.rl_engine
+        if not model.rl_engine:
+            continue
+        config = EngineConfig(**model.rl_engine)
+        info = json.loads((model.path / "training.json").read_text())["heldout_accuracy"]
+        assert config.tasks and all(0.2 <= info[t] <= 0.8 for t in config.tasks), (name, config.tasks)
+    assert rl_engine_defaults("not-a-model") == {}
+    with pytest.raises(ValueError, match="RL starting points"):
+        ReferenceModel("x", "qwen3_moe", TrainingRecipe(), rl_engine={"lr": 1e-5})
+
+
 def test_prompts_are_the_same_in_both_formats():
     ex = Example("reversal", "rev:abc=", "cba")
     assert format_prompt(ex) == "rev:abc=" and REASONING.text(ex).startswith("rev:abc=<t>")

@@ -230,3 +230,77 @@ def test_unstorable_run_fields_are_422(client, auth, field, value):
     body = {"name": "r", field: value}
     reply = client.post("/api/v1/runs", content=json.dumps(body), headers={**auth(), "Content-Type": "application/json"})
     assert reply.status_code == 422 and reply.json()["detail"]
+
+
+@pytest.fixture
+def in_process_server(fresh_database_url):
+    """A real uvicorn serving the app in this process (so a test can break one of its functions)."""
+    import threading
+
+    import uvicorn
+
+    from moeproxy.config import Settings
+    from moeproxy.service.app import create_app
+
+    app = create_app(Settings(database_url=fresh_database_url))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield port
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_an_unexpected_500_keeps_the_connection_open(in_process_server, fresh_database_url, monkeypatch):
+    """Starlette answered 500 and re-raised, and uvicorn then closed the connection (defect 7)."""
+    from moeproxy.service.runs import repository
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(repository, "list_runs", broken)
+    token = create_token(fresh_database_url, "keepalive")
+    request = (
+        f"GET /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
+        f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", in_process_server), timeout=10) as sock:
+        sock.sendall(request)  # two requests on one connection
+        first = _read_response(sock)
+        second = _read_response(sock)
+    assert first.startswith("HTTP/1.1 500") and '{"detail":"internal server error"}' in first
+    assert "a bug" not in first
+    assert "connection: close" not in first.lower()
+    assert second.startswith("HTTP/1.1 200"), second
+
+
+def test_security_headers_on_pages_api_and_errors(client, auth):
+    login = client.get("/login")
+    policy = login.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy and "unsafe-eval" not in policy
+    assert login.headers["x-frame-options"] == "DENY" and login.headers["x-content-type-options"] == "nosniff"
+    for reply in (client.get("/api/v1/runs", headers=auth()), client.get("/api/v1/runs"), client.get("/docs")):
+        assert "frame-ancestors 'none'" in reply.headers["content-security-policy"]
+        assert reply.headers["x-content-type-options"] == "nosniff"
+    assert "script-src" not in client.get("/docs").headers["content-security-policy"]  # Swagger UI's CDN
+
+
+def test_the_access_log_keeps_no_token_from_a_query(caplog):
+    import logging
+
+    from moeproxy.service.middleware import install_log_redaction
+
+    install_log_redaction()
+    install_log_redaction()  # idempotent
+    access = logging.getLogger("uvicorn.access")
+    assert sum(type(f).__name__ == "RedactSecrets" for f in access.filters) == 1
+    with caplog.at_level(logging.INFO, logger="uvicorn.access"):
+        access.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET", "/faults?token=mpx_SECRET&x=1", "1.1", 303)
+    assert "mpx_SECRET" not in caplog.text and "token=[redacted]&x=1" in caplog.text

@@ -93,6 +93,8 @@ def test_demo_run_page_in_chromium(served):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
+            console: list[str] = []
+            page.on("console", lambda message: console.append(message.text))
             # The printed one-time link: login.js posts the fragment's code, then the runs list.
             page.goto(f"{base}/login#code={code}")
             page.wait_for_url(f"{base}/")
@@ -124,6 +126,8 @@ def test_demo_run_page_in_chromium(served):
             page.wait_for_url("**/faults#rollout_logp_precision")
             assert page.locator("#rollout_logp_precision").is_visible()
 
+            # The pages' Content-Security-Policy (scripts from this origin only) refused nothing.
+            assert not [m for m in console if "Content Security Policy" in m], console
             page.goto(f"{base}/")
             listed = page.locator("table.runs tbody tr")
             assert listed.count() == 2
