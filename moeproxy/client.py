@@ -16,7 +16,7 @@ Guarantees:
   and puts them on a queue.  A background thread batches them (by
   ``batch_steps`` or every ``flush_interval_s``) and posts them.
 * Connection errors, timeouts, 429 and 5xx are retried with exponential backoff
-  and jitter.  When the server stays unreachable the batches are appended to a
+  and jitter, waiting at least what a ``Retry-After`` header asks (up to 300 s).  When the server stays unreachable the batches are appended to a
   local JSONL spill file (``spill_path``) and replayed, in order, once the server
   answers again.  Re-sending is safe: ingestion is idempotent on
   (run, metric, step).
@@ -57,6 +57,27 @@ log = logging.getLogger("moeproxy.client")
 
 _NONFINITE_STRINGS = {"NaN": "NaN", "nan": "NaN", "Infinity": "Infinity", "inf": "Infinity", "-Infinity": "-Infinity", "-inf": "-Infinity"}
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+#: The longest ``Retry-After`` the client waits as told; a longer one is cut to this (the batch is
+#: kept either way: it waits in memory, or spills to disk once the retries are spent).
+RETRY_AFTER_MAX_S = 300.0
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """The wait a 429/503 asks for (``Retry-After`` in seconds or as an HTTP date), or None."""
+    if response.status_code not in (429, 503):
+        return None
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return min(float(value), RETRY_AFTER_MAX_S)
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return min(max(0.0, when.timestamp() - time.time()), RETRY_AFTER_MAX_S)
 
 #: Where client-side commands and integrations find the service when not told (SPEC section 5).
 URL_ENV = "MOEPROXY_URL"
@@ -378,6 +399,7 @@ class MetricsClient:
         """One call with retries on connection errors, timeouts, 429 and 5xx."""
         attempt = 0
         while True:
+            told: float | None = None
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
@@ -386,10 +408,13 @@ class MetricsClient:
                 if response.status_code not in _RETRY_STATUS:
                     return response
                 problem = f"HTTP {response.status_code}"
+                told = retry_after_s(response)
             attempt += 1
             if attempt > self.retries or self._past_deadline():
                 raise ServerUnavailable(problem)
             delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            if told is not None:  # the server said how long: a rate limit, a restart
+                delay = max(delay, told)
             if self._deadline is not None:
                 delay = min(delay, max(0.0, self._deadline - time.monotonic()))
             time.sleep(delay)

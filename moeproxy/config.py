@@ -33,6 +33,12 @@ class Settings(BaseSettings):
     # Failed page logins from one address before it must wait (counted per process).
     login_max_failures: int = Field(default=10, ge=1)
     login_lockout_s: float = Field(default=900.0, gt=0)
+    # Requests per credential and per client address in any rate_limit_window_s (0: no limit), per
+    # process. A training job sends about one request per flush (2 s); an MLflow client that logs
+    # each metric on its own, ~50 per step: 100/s per token leaves both far below the limit.
+    rate_limit_per_token: int = Field(default=6000, ge=0)
+    rate_limit_per_address: int = Field(default=12000, ge=0)
+    rate_limit_window_s: float = Field(default=60.0, gt=0)
     triage_interval_s: float = Field(default=10.0, ge=0)
     # A metrics body must arrive within this (a 64 MiB body at 10 Mbit/s takes ~54 s).
     body_read_timeout_s: float = Field(default=60.0, gt=0)

@@ -27,7 +27,7 @@ from moeproxy.service.db import Database
 from moeproxy.service.errors import NotAuthenticated, ServiceError
 from moeproxy.service.limits import BodyLimits, data_error_message
 from moeproxy.service.middleware import SecurityHeaders, UnexpectedErrors, install_log_redaction
-from moeproxy.service.ratelimit import SlidingWindow
+from moeproxy.service.ratelimit import RateLimits, SlidingWindow
 from sqlalchemy.exc import DataError
 
 import moeproxy
@@ -75,8 +75,15 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     app.state.login_failures = SlidingWindow(settings.login_max_failures, settings.login_lockout_s)
     for name in ROUTER_MODULES:
         app.include_router(importlib.import_module(name).router)
-    # Added innermost first: SecurityHeaders wraps every answer, UnexpectedErrors' 500s included.
+    # Added innermost first: SecurityHeaders wraps every answer, UnexpectedErrors' 500s included;
+    # a rate-limited request is refused before its body is read.
     app.add_middleware(BodyLimits, deadline_s=settings.body_read_timeout_s)
+    app.add_middleware(
+        RateLimits,
+        per_token=settings.rate_limit_per_token,
+        per_address=settings.rate_limit_per_address,
+        window_s=settings.rate_limit_window_s,
+    )
     app.add_middleware(UnexpectedErrors)
     app.add_middleware(SecurityHeaders)
     install_log_redaction()

@@ -1,4 +1,4 @@
-"""In-process sliding-window counters: login lockout now, request rate limits on the same class.
+"""In-process sliding-window counters: the page-login lockout and the request rate limits.
 
 Per process: with several uvicorn workers each keeps its own counts, so the effective limit is
 up to ``workers`` times the configured one. That bounds guessing and floods without a shared
@@ -7,6 +7,8 @@ store; an operator who needs one global limit puts it in the proxy in front (ngi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import threading
 import time
@@ -81,3 +83,66 @@ class SlidingWindow:
     def clear(self, key: str) -> None:
         with self._lock:
             self._events.pop(key, None)
+
+
+# --- Request rate limits ----------------------------------------------------------------------------
+
+#: Never limited: probes, and the pages' static files.
+EXEMPT_PREFIXES = ("/healthz", "/readyz", "/static/")
+MLFLOW_PREFIX = "/mlflow/"
+
+
+class RateLimits:
+    """ASGI middleware: at most ``per_token`` requests per credential and ``per_address`` per client
+    address in any ``window_s``; over it, 429 with ``Retry-After`` before the body is read.
+
+    The credential is the ``Authorization`` header as sent (hashed), so guessing with many made-up
+    tokens is bounded by the address limit and a valid token's job by its own. MLflow routes answer
+    in MLflow's shape (``REQUEST_LIMIT_EXCEEDED``), which the MLflow client retries. A limit of 0
+    turns that limit off.
+    """
+
+    def __init__(self, app, *, per_token: int, per_address: int, window_s: float):
+        self.app = app
+        self.by_token = SlidingWindow(per_token, window_s) if per_token > 0 else None
+        self.by_address = SlidingWindow(per_address, window_s) if per_address > 0 else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path", "").startswith(EXEMPT_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        wait = 0
+        if self.by_address is not None:
+            client = scope.get("client")
+            wait = self.by_address.hit(client[0] if client else "unknown")
+        credential = _header(scope, b"authorization")
+        if not wait and credential and self.by_token is not None:
+            wait = self.by_token.hit(hashlib.sha256(credential).hexdigest()[:32])
+        if not wait:
+            await self.app(scope, receive, send)
+            return
+        message = f"too many requests: retry in {wait} s"
+        if scope.get("path", "").startswith(MLFLOW_PREFIX):
+            payload = {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": message}
+        else:
+            payload = {"detail": message}
+        body = json.dumps(payload).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 429,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", str(wait).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None

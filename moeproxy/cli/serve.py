@@ -95,7 +95,8 @@ def serve(
     url = resolve_url(database_url)
     if upgrade:
         upgrade_database(url)
-    base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    # The address to print and to post the demo to: a wildcard bind is reached on loopback.
+    base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # nosec B104
     if demo:
         threading.Thread(target=_post_demo_when_ready, args=(base_url, url, public_ui), daemon=True).start()
     typer.echo(f"moeproxy serving on {base_url} (database: {url.split('@')[-1]})")
