@@ -55,7 +55,17 @@ import httpx
 
 log = logging.getLogger("moeproxy.client")
 
-_NONFINITE_STRINGS = {"NaN": "NaN", "nan": "NaN", "Infinity": "Infinity", "inf": "Infinity", "-Infinity": "-Infinity", "-inf": "-Infinity"}
+# The client's copy of moeproxy.signatures.values.NONFINITE_SPELLINGS (lower-cased spelling -> the
+# string the server stores it as); tests/service/test_service_client.py holds the two equal.
+NONFINITE_SPELLINGS: dict[str, str] = {
+    "nan": "NaN",
+    "infinity": "Infinity",
+    "+infinity": "Infinity",
+    "inf": "Infinity",
+    "+inf": "Infinity",
+    "-infinity": "-Infinity",
+    "-inf": "-Infinity",
+}
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: The longest ``Retry-After`` the client waits as told; a longer one is cut to this (the batch is
 #: kept either way: it waits in memory, or spills to disk once the retries are spent).
@@ -281,8 +291,9 @@ class MetricsClient:
                 self._warn_once(repr(name), "a name with a NUL character or a lone surrogate")
                 continue
             if isinstance(value, str):
-                if value in _NONFINITE_STRINGS:
-                    clean[name] = _NONFINITE_STRINGS[value]
+                spelled = NONFINITE_SPELLINGS.get(value.lower()) if len(value) <= 9 else None
+                if spelled is not None:
+                    clean[name] = spelled
                     continue
                 self._warn_once(name, "a string is not a number")
                 continue

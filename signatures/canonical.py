@@ -5,7 +5,7 @@ Three steps, each a pure function:
 1. *reading* (:class:`RunMetrics`): REST ingest bodies (``{"steps": [{"step", "values"}]}``),
    JSONL traces of the reproduction engine, or the service's column form
    (``{name: {"steps": [...], "values": [...]}}``). Values may be numbers, JSON ``NaN`` /
-   ``Infinity`` literals or the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (SPEC section 5);
+   ``Infinity`` literals or the non-finite spellings of :mod:`moeproxy.signatures.values`;
    a non-finite value is data, never dropped.
 2. *renaming* framework names to canonical metrics with the alias table
    (:mod:`moeproxy.signatures.vocabulary`). When two logged names map to the same canonical metric,
@@ -27,14 +27,12 @@ from typing import Any
 
 import numpy as np
 from moeproxy.signatures.errors import InvalidRun
+from moeproxy.signatures.values import format_value, parse_nonfinite
 from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, MetricAlias, alias_index, canonical_name
 
 #: The most grid points a run is resampled to; longer runs are binned (mean of the finite values
 #: in a bin, non-finite if any value in the bin was).
 MAX_GRID_POINTS = 4096
-
-_NONFINITE_STRINGS = {"nan": math.nan, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
-                      "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
 
 
 def parse_value(value: Any) -> float | None:
@@ -46,23 +44,15 @@ def parse_value(value: Any) -> float | None:
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
-        key = value.strip().lower()
-        if key in _NONFINITE_STRINGS:
-            return _NONFINITE_STRINGS[key]
+        key = value.strip()  # a CSV cell or a hand-written file may pad its numbers
+        nonfinite = parse_nonfinite(key)
+        if nonfinite is not None:
+            return nonfinite
         try:
             return float(key)
         except ValueError:
             raise InvalidRun(f"value {value!r} is not a number") from None
     raise InvalidRun(f"value {value!r} is not a number")
-
-
-def format_value(value: float) -> float | str:
-    """The JSON form of a value: non-finite values as the strings of SPEC section 5."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
 
 
 @dataclass(frozen=True)

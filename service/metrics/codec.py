@@ -8,9 +8,10 @@ OpenAPI schema (``INGEST_BODY_SCHEMA``) documents exactly what is accepted.
 
 Non-finite values are data.  The stdlib JSON parser accepts the ``NaN``,
 ``Infinity`` and ``-Infinity`` literals that Python, JavaScript and many
-loggers emit; the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` are
-accepted too (strict JSON has no other way to say them), and responses use
-those strings.
+loggers emit; as strings (strict JSON has no other way to say them) every
+spelling of :mod:`moeproxy.signatures.values` is accepted (``"NaN"``,
+``"Infinity"``, ``"-Infinity"``, ``"inf"``, ``"+inf"``, ... in any case), and
+responses use SPEC section 5's three.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from moeproxy.service.errors import InvalidInput, PayloadTooLarge
 from moeproxy.service.limits import INT64_MAX, text_problem
+from moeproxy.signatures.values import NAN, NONFINITE_PATTERN, format_value, parse_nonfinite
 
 try:
     import orjson
@@ -34,16 +36,6 @@ MAX_POINTS_PER_REQUEST = 1_000_000
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_NAME_LENGTH = 512
 MAX_STEP = INT64_MAX
-
-NONFINITE_STRINGS: dict[str, float] = {
-    "NaN": math.nan,
-    "nan": math.nan,
-    "Infinity": math.inf,
-    "inf": math.inf,
-    "+Infinity": math.inf,
-    "-Infinity": -math.inf,
-    "-inf": -math.inf,
-}
 
 INGEST_BODY_SCHEMA: dict = {
     "type": "object",
@@ -65,7 +57,7 @@ INGEST_BODY_SCHEMA: dict = {
                         "additionalProperties": {
                             "anyOf": [
                                 {"type": "number"},
-                                {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]},
+                                {"type": "string", "pattern": NONFINITE_PATTERN},
                             ]
                         },
                     },
@@ -117,7 +109,7 @@ def _coerce(value: object, where: str) -> float:
         except OverflowError:
             raise _fail(where, "integer too large for a float") from None
     if kind is str:
-        parsed = NONFINITE_STRINGS.get(value)  # type: ignore[arg-type]
+        parsed = parse_nonfinite(value)  # type: ignore[arg-type]
         if parsed is not None:
             return parsed
         raise _fail(where, f"expected a number or 'NaN'/'Infinity'/'-Infinity', got the string {value!r:.40}")
@@ -217,13 +209,7 @@ def dumps(content: object) -> bytes:
 
 def encode_value(value: float | None) -> float | str:
     """A stored value as JSON: NULL (stored NaN) and non-finite floats become strings."""
-    if value is None or value != value:
-        return "NaN"
-    if value == math.inf:
-        return "Infinity"
-    if value == -math.inf:
-        return "-Infinity"
-    return value
+    return NAN if value is None else format_value(value)
 
 
 def encode_values(values: Iterable[float | None]) -> list[float | str]:

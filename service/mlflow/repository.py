@@ -10,7 +10,7 @@ from typing import Any
 
 from moeproxy.service.limits import fits_id
 from moeproxy.service.metrics import repository as metrics
-from moeproxy.service.metrics.codec import NONFINITE_STRINGS, ParsedBatch, encode_value
+from moeproxy.service.metrics.codec import ParsedBatch, encode_value
 from moeproxy.service.metrics.models import MetricName, MetricPoint
 from moeproxy.service.mlflow.errors import already_exists, invalid, not_found
 from moeproxy.service.mlflow.models import MlflowExperiment, MlflowRun
@@ -18,6 +18,7 @@ from moeproxy.service.mlflow.schemas import CreateExperiment, CreateRun, KeyValu
 from moeproxy.service.runs import repository as runs
 from moeproxy.service.runs.models import Run, RunStatus
 from moeproxy.service.runs.schemas import RunCreate, RunUpdate
+from moeproxy.signatures.values import parse_nonfinite
 from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -211,8 +212,9 @@ def update_run(session: Session, mrun: MlflowRun, run: Run, spec: UpdateRun) -> 
 def _value(metric: Metric) -> float:
     value = metric.value
     if isinstance(value, str):
-        if value in NONFINITE_STRINGS:
-            return NONFINITE_STRINGS[value]
+        nonfinite = parse_nonfinite(value)
+        if nonfinite is not None:
+            return nonfinite
         try:
             return float(value)
         except ValueError:
