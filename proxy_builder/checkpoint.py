@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -200,13 +199,3 @@ def _copy_range(src: BinaryIO, dst: BinaryIO, begin: int, end: int) -> None:
         dst.write(chunk)
         remaining -= len(chunk)
 
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -18,7 +18,7 @@ not counted.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from moeproxy.proxy_builder.plan_errors import IncompleteConfig, InvalidKeepSpec, UnsupportedArchitecture
@@ -296,11 +296,3 @@ def _count_parameters(config: Config, keep: int | None) -> ParameterCount:
         expert_parameters=expert_size,
     )
 
-
-def parameter_count_dict(count: ParameterCount) -> dict[str, Any]:
-    """``to_dict`` plus the shape facts (for JSON reports)."""
-    out = count.to_dict()
-    extra = asdict(count)
-    for name in ("num_moe_layers", "experts_per_layer", "expert_parameters"):
-        out[name] = extra[name]
-    return out

@@ -183,8 +183,3 @@ def vanilla_policy_loss(
     }
     return loss, metrics
 
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of softmax(logits) (verl's ``entropy_from_logits``: logsumexp − Σ p·z)."""
-    p = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(dim=-1)

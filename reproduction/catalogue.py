@@ -190,6 +190,3 @@ FAULT_CLASSES: dict[str, FaultClass] = {
     )
 }
 
-
-def family_of(fault_class: str) -> str:
-    return FAULT_CLASSES[fault_class].family

@@ -162,12 +162,6 @@ def synchronize(device: DeviceInfo) -> None:
         getattr(torch, device.kind).synchronize(device.string)
 
 
-def cpu_threads() -> int:
-    import torch
-
-    return int(torch.get_num_threads())
-
-
 def set_cpu_threads(n: int | None) -> int:
     """Set torch's intra-op threads (``None`` keeps the current value, or OMP_NUM_THREADS)."""
     import torch

@@ -38,10 +38,6 @@ ENGINE_ONLY: tuple[str, ...] = ("moe/",)
 TRL_REWARD_FUNCTIONS: dict[str, str] = {"accuracy": "accuracy_reward", "format": "format_reward"}
 
 
-def is_engine_only(name: str) -> bool:
-    return name.startswith(ENGINE_ONLY)
-
-
 def _verl(values: Mapping[str, float]) -> dict[str, float]:
     return {k: v for k, v in values.items() if not k.startswith(E)}
 

@@ -26,10 +26,6 @@ class RunNotFound(NotFound):
         super().__init__(f"run {run_id} not found")
 
 
-class Conflict(ServiceError):
-    status_code = 409
-
-
 class InvalidInput(ServiceError):
     status_code = 422
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -156,12 +155,6 @@ class FingerprintLibrary:
     def with_calibration(self, calibration: Calibration) -> FingerprintLibrary:
         return FingerprintLibrary(self.fingerprints, self.params, calibration, self.generator,
                                   self.format_version)
-
-    @cached_property
-    def trace_index(self) -> dict[tuple[str, int], tuple[np.ndarray, list[int]]]:
-        """(metric, length) -> stacked, z-normalised traces truncated to that length and the
-        fingerprint index of each row; filled lazily by matching (one cdist call per metric)."""
-        return {}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -365,17 +358,6 @@ class _Validator:
 
 
 _KIND_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list"}
-
-
-def merge_libraries(libraries: Iterable[FingerprintLibrary]) -> FingerprintLibrary:
-    libs = list(libraries)
-    if not libs:
-        return FingerprintLibrary(())
-    fps: list[Fingerprint] = []
-    for lib in libs:
-        fps.extend(lib.fingerprints)
-    first = libs[0]
-    return FingerprintLibrary(tuple(fps), first.params, first.calibration, first.generator)
 
 
 def describe(fp: Fingerprint) -> dict[str, Any]:

@@ -11,7 +11,6 @@ to build a library of the right size. Fingerprints built from these traces are m
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 from moeproxy.signatures.canonical import RunMetrics
@@ -32,15 +31,6 @@ METRICS: tuple[str, ...] = (
     "moe/routing_agreement",
     "moe/expert_entropy",
 )
-
-
-@dataclass(frozen=True)
-class SyntheticRun:
-    fault_class: str
-    steps: int
-    onset: int
-    magnitude: float
-    seed: int
 
 
 def _ar(rng: np.random.Generator, n: int, phi: float = 0.6) -> np.ndarray:

@@ -180,3 +180,31 @@ def canonical_name(name: str, index: Mapping[str, str]) -> str:
     if name.startswith(REWARD_COMPONENT_PREFIX) and name.endswith(REWARD_COMPONENT_SUFFIX):
         return "reward_component/" + name[len(REWARD_COMPONENT_PREFIX) : -len(REWARD_COMPONENT_SUFFIX)]
     return name
+
+
+def vocabulary_markdown() -> str:
+    """docs/vocabulary.md: every canonical metric with the names each framework logs it under."""
+    frameworks = sorted({a.framework for a in DEFAULT_ALIASES}, key=lambda f: (f == "*", f))
+    lines = [
+        "# Metric vocabulary",
+        "",
+        "The canonical metrics the signature engine compares, and the names each framework logs them",
+        "under (SPEC section 4). Generated from `moeproxy/signatures/vocabulary.py` by",
+        "`python -m moeproxy.signatures.vocabulary > docs/vocabulary.md`; a test keeps the two equal.",
+        "A project adds its own names with `POST /api/v1/aliases`. TRL's per-function reward",
+        f"components (`{REWARD_COMPONENT_PREFIX}<function>{REWARD_COMPONENT_SUFFIX}`) map to",
+        "`reward_component/<function>`. Control metrics (settings, not model behaviour): "
+        + ", ".join(f"`{m}`" for m in sorted(CONTROL_METRICS)) + ".",
+        "",
+        "| canonical | meaning | " + " | ".join("any framework" if f == "*" else f for f in frameworks) + " |",
+        "|---|---|" + "---|" * len(frameworks),
+    ]
+    for name, metric in CANONICAL_METRICS.items():
+        by_framework = _TABLE.get(name, {})
+        cells = [", ".join(f"`{n}`" for n in by_framework.get(f, ())) or "—" for f in frameworks]
+        lines.append(f"| `{name}` | {metric.description} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(vocabulary_markdown(), end="")

@@ -216,11 +216,3 @@ def encode_values(values: Iterable[float | None]) -> list[float | str]:
     isfinite = math.isfinite
     return [v if v is not None and isfinite(v) else encode_value(v) for v in values]
 
-
-def to_storage(value: float) -> float | None:
-    """NaN is stored as NULL on both backends (see metrics/models.py)."""
-    return None if value != value else value
-
-
-def from_storage(value: float | None) -> float:
-    return math.nan if value is None else value

@@ -117,11 +117,3 @@ def authenticate_ref(session: Session, secret: str) -> ProjectRef | None:
     ).first()
     return None if row is None else ProjectRef(id=row[0], name=row[1])
 
-
-def authenticate(session: Session, secret: str) -> Project | None:
-    """The project a live token belongs to, or None."""
-    return session.scalar(
-        select(Project)
-        .join(ApiToken, ApiToken.project_id == Project.id)
-        .where(ApiToken.token_hash == hash_token(secret), ApiToken.revoked_at.is_(None))
-    )

@@ -8,7 +8,6 @@ matched fingerprint's expected shape (dashed) and vertical lines at the detected
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,6 +167,3 @@ def order_metrics(
             rank[name] = (3, 0)
     return sorted(names, key=lambda n: (rank[n], n))
 
-
-def finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
