@@ -214,7 +214,7 @@ def _is_live(run) -> bool:
 
 
 def _figures(session, run, result) -> tuple[list[plots.MetricFigure], list[plots.MetricFigure]]:
-    series = queries.read_series(session, run.id)
+    series = metrics.read_metric_arrays(session, run.id)
     canonical_of = aliases.canonical_names(session, run.project_id, run.framework, list(series))
     details = result.details if result is not None else {}
     change_points = details.get("change_points", {})

@@ -84,10 +84,10 @@ def test_plotly_is_served_from_the_installed_package(ui_client):
     assert ui_client.get("/static/../router.py").status_code == 404
 
 
-def test_page_read_path_matches_the_repository(database, auth, ui_client):
-    """The page's driver-level read (queries.read_series) against metrics.read_metric_arrays."""
+def test_the_array_reader_matches_the_orm_rows(database, auth, ui_client):
+    """The driver-level reader that serves the page and live triage (binary COPY on PostgreSQL, one
+    cursor fetch on SQLite) against the ORM row read of the REST route, the naive reference."""
     from moeproxy.service.metrics import repository as metrics
-    from moeproxy.service.ui import queries
 
     headers = auth()
     run_id = ui_client.post("/api/v1/runs", json={"name": "values"}, headers=headers).json()["id"]
@@ -101,9 +101,10 @@ def test_page_read_path_matches_the_repository(database, auth, ui_client):
         == 200
     )
     with database.scope() as s:
-        fast = queries.read_series(s, run_id)
-        reference = metrics.read_metric_arrays(s, run_id)
+        fast = metrics.read_metric_arrays(s, run_id)
+        reference = metrics.read_metrics(s, run_id)
     assert set(fast) == set(reference) == {"a", "b", "c"}
     for name, (ref_steps, ref_values) in reference.items():
-        assert np.array_equal(fast[name][0], ref_steps) and fast[name][0].dtype == np.int64
-        assert np.array_equal(fast[name][1], ref_values, equal_nan=True)
+        assert np.array_equal(fast[name][0], np.asarray(ref_steps)) and fast[name][0].dtype == np.int64
+        assert np.array_equal(fast[name][1], np.asarray(ref_values, dtype=float), equal_nan=True)
+        assert fast[name][1].dtype == np.float64
