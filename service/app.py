@@ -24,7 +24,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from moeproxy.service.db import Database
-from moeproxy.service.errors import NotAuthenticated, ServiceError
+from moeproxy.service.errors import (
+    DATABASE_RETRY_AFTER_S,
+    DATABASE_UNAVAILABLE,
+    DATABASE_UNAVAILABLE_DETAIL,
+    NotAuthenticated,
+    ServiceError,
+)
 from moeproxy.service.limits import BodyLimits, data_error_message
 from moeproxy.service.middleware import SecurityHeaders, UnexpectedErrors, install_log_redaction
 from moeproxy.service.ratelimit import RateLimits, SlidingWindow
@@ -102,6 +108,17 @@ def _install_error_handlers(app: FastAPI) -> None:
         # FastAPI's own shape (a list of {loc, msg, type}), minus the echoed input, which can be huge.
         errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
+
+    async def _database_away(_request: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable: %s", getattr(exc, "orig", None) or exc)
+        return JSONResponse(
+            {"detail": DATABASE_UNAVAILABLE_DETAIL},
+            status_code=503,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
+
+    for kind in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(kind, _database_away)
 
     @app.exception_handler(DataError)
     async def _does_not_fit(_request: Request, exc: DataError) -> JSONResponse:

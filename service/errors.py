@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlalchemy.exc
 from pydantic import BaseModel
 
 
@@ -67,5 +68,18 @@ API_ERRORS: dict[int | str, dict] = {
     408: _error("the request body did not arrive within MOEPROXY_BODY_READ_TIMEOUT_S"),
     413: _error("request body (1 MiB; a metrics batch 64 MiB) or batch over its limit"),
     422: _error("invalid request: the fields at fault, or what does not fit", ValidationErrorBody),
+    429: _error("too many requests from this token or address: wait Retry-After seconds"),
     500: _error("unexpected server error (logged)"),
+    503: _error("the database is not available right now: retry after Retry-After seconds"),
 }
+
+
+# --- The database is away (restarting, unreachable, pool exhausted, SQLite busy past its timeout):
+# a 503 with Retry-After, which clients retry, rather than a 500 they may not.
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+)
+DATABASE_RETRY_AFTER_S = 5
+DATABASE_UNAVAILABLE_DETAIL = "the database is not available right now: retry"

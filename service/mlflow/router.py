@@ -18,7 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from moeproxy.service.auth import ProjectDep, SessionDep
-from moeproxy.service.errors import ServiceError
+from moeproxy.service.errors import (
+    DATABASE_RETRY_AFTER_S,
+    DATABASE_UNAVAILABLE,
+    DATABASE_UNAVAILABLE_DETAIL,
+    ServiceError,
+)
 from moeproxy.service.limits import StoredText, data_error_message
 from moeproxy.service.mlflow import repository as repo
 from moeproxy.service.mlflow.errors import ERROR_CODE_BY_STATUS, MlflowApiError, not_found
@@ -66,6 +71,12 @@ class MlflowRoute(APIRoute):
                 return JSONResponse(
                     {"error_code": "INVALID_PARAMETER_VALUE", "message": message}, status_code=400
                 )
+            except DATABASE_UNAVAILABLE:  # the MLflow client retries TEMPORARILY_UNAVAILABLE / 503
+                return JSONResponse(
+                    {"error_code": "TEMPORARILY_UNAVAILABLE", "message": DATABASE_UNAVAILABLE_DETAIL},
+                    status_code=503,
+                    headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+                )
             except DataError as exc:  # a value the database cannot hold that no check above caught
                 return JSONResponse(
                     {"error_code": "INVALID_PARAMETER_VALUE", "message": data_error_message(exc)},
@@ -104,7 +115,9 @@ MLFLOW_ERRORS: dict[int | str, dict] = {
     408: _mlflow_error("the request body did not arrive in time"),
     409: _mlflow_error("RESOURCE_ALREADY_EXISTS"),
     413: _mlflow_error("REQUEST_LIMIT_EXCEEDED: body over 1 MiB"),
+    429: _mlflow_error("REQUEST_LIMIT_EXCEEDED: too many requests; wait Retry-After seconds"),
     500: _mlflow_error("INTERNAL_ERROR (logged)"),
+    503: _mlflow_error("TEMPORARILY_UNAVAILABLE: the database is away; retry after Retry-After seconds"),
     # Request validation answers 400 in MLflow's shape; "4XX" also keeps FastAPI from adding its 422.
     "4XX": _mlflow_error("any other client error"),
 }
