@@ -7,6 +7,7 @@ import logging
 import re
 
 from starlette.datastructures import MutableHeaders
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("moeproxy.service")
 
@@ -49,6 +50,8 @@ class UnexpectedErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # the client went away mid-body: nobody to answer, nothing went wrong here
         except Exception:
             if started:
                 raise
