@@ -70,6 +70,8 @@ _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: The longest ``Retry-After`` the client waits as told; a longer one is cut to this (the batch is
 #: kept either way: it waits in memory, or spills to disk once the retries are spent).
 RETRY_AFTER_MAX_S = 300.0
+#: Steps kept in memory when the spill file cannot be written (about 100 MB at 100 metrics a step).
+MAX_HELD_STEPS = 100_000
 
 
 def retry_after_s(response: httpx.Response) -> float | None:
@@ -205,7 +207,11 @@ class MetricsClient:
         self._down_failures = 0
         self._flush_now = threading.Event()
         self._deadline: float | None = None  # set by close(): stop retrying after it
-        self.stats = {"points_sent": 0, "batches_sent": 0, "batches_spilled": 0, "points_skipped": 0}
+        self.stats = {"points_sent": 0, "batches_sent": 0, "batches_spilled": 0, "points_skipped": 0,
+                      "steps_held_in_memory": 0, "steps_dropped": 0}
+        # Batches the spill file could not take (a read-only or full disk): held here, oldest first,
+        # up to MAX_HELD_STEPS, and replayed with the file once the server answers.
+        self._held: list[tuple[int, dict]] = []
 
         self._thread = threading.Thread(target=self._worker, name=f"moeproxy-client-{run_name}", daemon=True)
         self._thread.start()
@@ -260,6 +266,11 @@ class MetricsClient:
                 self._http.patch(f"/api/v1/runs/{self.run_id}", json={"status": status}, timeout=5.0)
             except httpx.HTTPError:
                 log.warning("could not set the status of run %s to %s", self.run_name, status)
+        if self._held:
+            log.error(
+                "moeproxy: %d steps of run %s could not be delivered nor written to %s; they are lost",
+                len(self._held), self.run_name, self.spill_path,
+            )
         if self.spill_path.exists() and self.spill_path.stat().st_size > 0:
             log.warning(
                 "moeproxy: %s undelivered batches remain in %s; pass spill_path=%r to a new MetricsClient to send them",
@@ -474,22 +485,44 @@ class MetricsClient:
     # ----------------------------------------------------------------- spill file
 
     def _has_spill(self) -> bool:
+        if self._held:
+            return True
         try:
             return self.spill_path.stat().st_size > 0
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return False
 
     def _spill(self, batch: list[tuple[int, dict]]) -> None:
-        self.spill_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.spill_path.open("a", encoding="utf-8") as f:
-            for step, values in batch:
-                f.write(json.dumps({"step": step, "values": values}, allow_nan=False))
-                f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            self.spill_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.spill_path.open("a", encoding="utf-8") as f:
+                for step, values in batch:
+                    f.write(json.dumps({"step": step, "values": values}, allow_nan=False))
+                    f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # read-only, full, or not a directory: training goes on regardless
+            self._hold(batch, exc)
+            return
         self.stats["batches_spilled"] += 1
         if self.stats["batches_spilled"] == 1 or self._down_failures <= 1:
             log.warning("moeproxy: server %s unreachable; spilling run %s to %s", self.url, self.run_name, self.spill_path)
+
+    def _hold(self, batch: list[tuple[int, dict]], exc: OSError) -> None:
+        if not self.stats["steps_held_in_memory"]:
+            log.warning(
+                "moeproxy: cannot write the spill file %s (%s: %s); holding up to %d steps of run %s in "
+                "memory until the server answers", self.spill_path, type(exc).__name__, exc,
+                MAX_HELD_STEPS, self.run_name,
+            )
+        room = max(0, MAX_HELD_STEPS - len(self._held))
+        self._held.extend(batch[:room])
+        self.stats["steps_held_in_memory"] += min(room, len(batch))
+        dropped = len(batch) - min(room, len(batch))
+        if dropped:
+            if not self.stats["steps_dropped"]:
+                log.error("moeproxy: %d steps held in memory for run %s: dropping newer ones", MAX_HELD_STEPS, self.run_name)
+            self.stats["steps_dropped"] += dropped
 
     def _spill_quietly(self, batch: list[tuple[int, dict]]) -> None:
         try:
@@ -498,16 +531,16 @@ class MetricsClient:
             log.exception("moeproxy: could not write %s; %d steps of run %s are lost", self.spill_path, len(batch), self.run_name)
 
     def _replay_spill(self) -> bool:
-        """Send the spill file; True when it is empty afterwards (or there was none)."""
+        """Send the held steps and the spill file; True when nothing is left afterwards."""
         if not self._has_spill():
             return True
         if self._is_down():
             return False
         try:
             lines = self.spill_path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            return True
-        batch: list[tuple[int, dict]] = []
+        except (FileNotFoundError, NotADirectoryError):
+            lines = []
+        batch: list[tuple[int, dict]] = list(self._held)
         for line in lines:
             try:
                 entry = json.loads(line)
@@ -522,7 +555,9 @@ class MetricsClient:
         except BatchRejected as exc:
             log.error("moeproxy: the server rejected spilled points of run %s: %s", self.run_name, exc)
             return False
-        self.spill_path.unlink(missing_ok=True)
+        self._held.clear()
+        if lines:
+            self.spill_path.unlink(missing_ok=True)
         log.info("moeproxy: replayed %d spilled steps of run %s", len(batch), self.run_name)
         return True
 

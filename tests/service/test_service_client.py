@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -202,3 +203,37 @@ def test_config_with_nonfinite_values_and_odd_types_is_sent(fresh_database_url, 
             f"{server.url}/api/v1/runs/{client.run_id}", headers={"Authorization": f"Bearer {token}"}
         ).json()
     assert run["config"] == {"lr": 1e-6, "clip": "Infinity", "path": "/ckpt", "nested": {"x": "NaN"}}
+
+
+def test_an_unwritable_spill_file_holds_the_points_in_memory_and_training_goes_on(tmp_path, caplog):
+    """A read-only or full spill directory (issue 16): one clear warning, log() keeps returning, and
+    the points are replayed from memory once the server answers."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    up = {"now": False}
+    stored: dict[int, dict] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not up["now"]:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/api/v1/runs":
+            return httpx.Response(201, json={"id": 1})
+        for entry in json.loads(request.content)["steps"]:
+            stored[entry["step"]] = entry["values"]
+        return httpx.Response(200, json={"accepted": 1})
+
+    client = MetricsClient(
+        "http://moeproxy.test", "tok", "no-disk", transport=httpx.MockTransport(handler),
+        spill_path=blocker / "spill.jsonl", flush_interval_s=0.05, batch_steps=5, retries=0,
+        backoff_base_s=0.01, backoff_max_s=0.05, register_atexit=False,
+    )
+    with caplog.at_level(logging.WARNING, logger="moeproxy.client"):
+        for step in range(30):
+            client.log(step, {"loss": float(step)})  # returns at once although nothing can be sent
+        client.flush(timeout_s=5)
+    assert client.stats["steps_held_in_memory"] == 30 and client.stats["steps_dropped"] == 0
+    warnings = [r for r in caplog.records if "cannot write the spill file" in r.getMessage()]
+    assert len(warnings) == 1 and str(blocker) in warnings[0].getMessage()
+    up["now"] = True
+    client.close(timeout_s=10)
+    assert sorted(stored) == list(range(30)) and stored[7] == {"loss": 7.0}
