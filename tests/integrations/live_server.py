@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from dataclasses import dataclass
 
 import uvicorn
+from app_thread import serve_in_thread
 from moeproxy.service.app import create_app
 from moeproxy.service.db import Database
 from moeproxy.service.tokens import repository as tokens
 
 from moeproxy import migrations
 from moeproxy.config import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -43,15 +36,5 @@ def start_live_server(url: str, *, project: str = "rl-team", **settings) -> Live
     with database.scope() as session:
         _row, token = tokens.create_token(session, project)
     app = create_app(Settings(database_url=url, **settings), database=database)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    return LiveServer(f"http://127.0.0.1:{port}", token, database, server, thread)
+    served = serve_in_thread(app)
+    return LiveServer(served.url, token, database, served.server, served.thread)

@@ -235,27 +235,14 @@ def test_unstorable_run_fields_are_422(client, auth, field, value):
 @pytest.fixture
 def in_process_server(fresh_database_url):
     """A real uvicorn serving the app in this process (so a test can break one of its functions)."""
-    import threading
-
-    import uvicorn
+    from app_thread import serve_in_thread
 
     from moeproxy.config import Settings
     from moeproxy.service.app import create_app
 
-    app = create_app(Settings(database_url=fresh_database_url))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield port
-    server.should_exit = True
-    thread.join(10)
+    served = serve_in_thread(create_app(Settings(database_url=fresh_database_url)), log_level="critical")
+    yield served.port
+    served.stop()
 
 
 def test_an_unexpected_500_keeps_the_connection_open(in_process_server, fresh_database_url, monkeypatch):

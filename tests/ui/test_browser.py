@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
@@ -38,16 +35,18 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def served(tmp_path):
+    from app_thread import serve_in_thread
+
     from moeproxy import migrations
     from moeproxy.config import Settings
     from moeproxy.service.app import create_app
     from moeproxy.service.db import Database
     from moeproxy.service.tokens import repository as tokens
+    from moeproxy.service.ui.auth import create_login_link
 
     url = f"sqlite:///{tmp_path / 'browser.db'}"
     migrations.upgrade(url)
     database = Database(url)
-    from moeproxy.service.ui.auth import create_login_link
 
     with database.scope() as s:
         _row, token = tokens.create_token(s, "demo")
@@ -57,19 +56,9 @@ def served(tmp_path):
         # runs, and the page must show what a user of `serve --demo` sees.
         Settings(database_url=url, fingerprints=None, triage_interval_s=0.5), database=database
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield f"http://127.0.0.1:{port}", token, code, app
-    server.should_exit = True
-    thread.join(10)
+    served = serve_in_thread(app)
+    yield served.url, token, code, app
+    served.stop()
     database.dispose()
 
 
