@@ -340,7 +340,7 @@ def run_ablation(root: Path, steps: int, keeps: tuple[int, ...]) -> dict:
     evaluation harness (held-out task accuracy, retention, next-token KL).
     """
     import torch
-    from moeproxy.proxy_builder.build import build_proxy
+    from moeproxy.proxy_builder.build import BuildRequest, build_proxy
     from moeproxy.reproduction.fidelity import EvalSettings, evaluate_pair
     from moeproxy.reproduction.reference import TrainingRecipe, save_checkpoint, train_model
     from moeproxy.reproduction.tasks import calibration_corpus
@@ -359,8 +359,18 @@ def run_ablation(root: Path, steps: int, keeps: tuple[int, ...]) -> dict:
         for name, variant in ABLATION_VARIANTS.items():
             out = root / f"ablation-{steps}-{keep}-{name.replace('/', '_')}"
             if not out.exists():
-                build_proxy(original, out, keep=keep, calibration=calibration, max_tokens=20000, seq_len=64,
-                            batch_size=32, **variant)  # fmt: skip
+                build_proxy(
+                    BuildRequest(
+                        original,
+                        out,
+                        keep=keep,
+                        calibration=calibration,
+                        max_tokens=20000,
+                        seq_len=64,
+                        batch_size=32,
+                        **variant,
+                    )
+                )  # fmt: skip
             rep = evaluate_pair(original, out, settings)
             rows[f"{keep}:{name}"] = {
                 "keep": keep,

@@ -91,10 +91,22 @@ def _row(name: str, keep: int, seed: int | None, report: dict[str, Any], correct
 
 
 def _build(build_proxy, path, out, keep, method, weights, seed, stats, calibration, args):
+    from moeproxy.proxy_builder.build import BuildRequest
+
     return build_proxy(
-        path, out, keep=keep, method=method, view_weights=weights, seed=seed or 0,
-        calibration=None if stats is not None else calibration,
-        statistics=stats, max_tokens=args.max_tokens, seq_len=64, batch_size=32,
+        BuildRequest(
+            path,
+            out,
+            keep=keep,
+            method=method,
+            view_weights=weights,
+            seed=seed or 0,
+            calibration=None if stats is not None else calibration,
+            max_tokens=args.max_tokens,
+            seq_len=64,
+            batch_size=32,
+        ),
+        statistics=stats,
     )
 
 

@@ -52,7 +52,7 @@ def log(msg: str) -> None:
 
 def build_proxies(model: Path, work: Path, keep_ratios: list[float]) -> dict[str, tuple[Path, float]]:
     """``{"original": (model, 1.0), "three_view_50": (dir, 0.5), ...}``; a proxy already in ``work`` is reused."""
-    from moeproxy.proxy_builder import build_proxy
+    from moeproxy.proxy_builder import BuildRequest, build_proxy
     from moeproxy.reproduction.tasks import calibration_corpus
 
     out = {"original": (model, 1.0)}
@@ -63,8 +63,18 @@ def build_proxies(model: Path, work: Path, keep_ratios: list[float]) -> dict[str
         if not (d / "config.json").exists():
             texts = texts or calibration_corpus(2048, seed=0)
             t = time.perf_counter()
-            build_proxy(model, d, keep_ratio=ratio, method="three_view", view_weights="auto",
-                        calibration=texts, seed=0, overwrite=True)
+            build_proxy(
+                BuildRequest(
+                    model,
+                    d,
+                    keep_ratio=ratio,
+                    method="three_view",
+                    view_weights="auto",
+                    calibration=texts,
+                    seed=0,
+                    overwrite=True,
+                )
+            )
             log(f"{model.name}: built {name} in {time.perf_counter() - t:.1f} s")
         out[name] = (d, ratio)
     return out

@@ -95,7 +95,7 @@ def majority(values: list) -> object:
 
 
 def build_proxies(model: Path, work: Path, keep_ratio: float, view_weights: str | None = "auto") -> dict[str, Path]:
-    from moeproxy.proxy_builder import build_proxy
+    from moeproxy.proxy_builder import BuildRequest, build_proxy
     from moeproxy.reproduction.tasks import calibration_corpus
 
     out = {"original": model}
@@ -105,8 +105,18 @@ def build_proxies(model: Path, work: Path, keep_ratio: float, view_weights: str 
         if not (d / "config.json").exists():
             t = time.perf_counter()
             weights = view_weights if method == "three_view" else None
-            build_proxy(model, d, keep_ratio=keep_ratio, method=method, calibration=texts, seed=0, overwrite=True,
-                        view_weights=weights)
+            build_proxy(
+                BuildRequest(
+                    model,
+                    d,
+                    keep_ratio=keep_ratio,
+                    method=method,
+                    calibration=texts,
+                    seed=0,
+                    overwrite=True,
+                    view_weights=weights,
+                )
+            )
             print(f"built {method} proxy in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         out[method] = d
     return out

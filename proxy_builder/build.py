@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,42 +229,21 @@ class _Stages:
 
 
 def build_proxy(
-    model_dir: str | os.PathLike,
-    out_dir: str | os.PathLike,
+    request: BuildRequest,
     *,
-    keep: int | None = None,
-    keep_ratio: float | None = None,
-    method: str = DEFAULT_METHOD,
-    calibration: str | Iterable | None = None,
-    max_tokens: int = 16384,
-    seq_len: int = 512,
-    batch_size: int = 8,
-    device: str = "cpu",
-    dtype: str = "auto",
-    view_weights: Mapping[str, float] | str | None = None,
-    representative: str = "most_frequent",
-    group_policy: str = "per_group",
-    weighted_prototypes: bool = True,
-    seed: int = 0,
-    overwrite: bool = False,
     statistics: Mapping[int, LayerStatistics] | None = None,
     progress: bool = False,
 ) -> BuildResult:
-    """Build a proxy of the MoE checkpoint in ``model_dir`` into ``out_dir`` and return its report.
+    """Build the proxy ``request`` describes and return its report.
 
     ``statistics`` (from :func:`collect_statistics_for` or an earlier build) skips
-    calibration; otherwise ``calibration`` is a spec string (``text:PATH``,
-    ``jsonl:PATH``, ``tokenized:DIR``, ``random:SEED`` or a registered name) or an
-    iterable of texts / token-id lists.  Raises a ``ProxyBuildError`` subclass
-    for any impossible request, before any expensive work and without writing.
+    calibration, and the request's ``calibration`` is not read; otherwise it is a spec
+    string (``text:PATH``, ``jsonl:PATH``, ``tokenized:DIR``, ``random:SEED`` or a
+    registered name) or an iterable of texts / token-id lists.  Raises a
+    ``ProxyBuildError`` subclass for any impossible request, before any expensive work
+    and without writing.
     """
-    req = BuildRequest(
-        Path(model_dir), Path(out_dir), keep=keep, keep_ratio=keep_ratio, method=method,
-        calibration=calibration if statistics is None else None, max_tokens=max_tokens, seq_len=seq_len,
-        batch_size=batch_size, device=device, dtype=dtype, view_weights=view_weights,
-        representative=representative, group_policy=group_policy, weighted_prototypes=weighted_prototypes,
-        seed=seed, overwrite=overwrite,
-    )  # fmt: skip
+    req = request if statistics is None else dataclasses.replace(request, calibration=None)
     t0 = time.perf_counter()
     stages = _Stages(progress)
     if statistics is not None and req.view_weights == "auto":

@@ -98,18 +98,34 @@ def build(
 
     _register_lazy_sources()
     try:
-        from moeproxy.proxy_builder.build import build_proxy
+        from moeproxy.proxy_builder.build import BuildRequest, build_proxy
         from moeproxy.proxy_builder.layer_stats import load_statistics
         from moeproxy.proxy_builder.layer_stats import save_statistics as save_stats
 
         precomputed = _load_statistics(statistics, load_statistics) if statistics is not None else None
 
         result = build_proxy(
-            model, out, keep=keep, keep_ratio=keep_ratio, method=method, calibration=calibration,
-            max_tokens=max_tokens, seq_len=seq_len, batch_size=batch_size, device=device, dtype=dtype,
-            view_weights=view_weights, representative=representative, group_policy=group_policy, seed=seed,
-            weighted_prototypes=weighted_prototypes, statistics=precomputed,
-            overwrite=overwrite, progress=not quiet,
+            BuildRequest(
+                model,
+                out,
+                keep=keep,
+                keep_ratio=keep_ratio,
+                method=method,
+                calibration=calibration,
+                max_tokens=max_tokens,
+                seq_len=seq_len,
+                batch_size=batch_size,
+                device=device,
+                dtype=dtype,
+                view_weights=view_weights,
+                representative=representative,
+                group_policy=group_policy,
+                seed=seed,
+                weighted_prototypes=weighted_prototypes,
+                overwrite=overwrite,
+            ),
+            statistics=precomputed,
+            progress=not quiet,
         )  # fmt: skip
         if save_statistics is not None and result.statistics:
             save_stats(result.statistics, save_statistics)

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moeproxy.proxy_builder.architectures import architecture_for
-from moeproxy.proxy_builder.build import build_proxy
+from moeproxy.proxy_builder.build import BuildRequest, build_proxy
 from moeproxy.proxy_builder.methods import METHODS
 from safetensors import safe_open
 from tiny_models import ARCH_CASES
@@ -95,7 +95,9 @@ def check_loads_and_runs(dst, num_experts: int) -> None:
 @pytest.mark.parametrize("arch", list(ARCH_CASES))
 def test_every_architecture_every_method(arch, method, tiny_checkpoints, tiny_statistics, tmp_path):
     src = tiny_checkpoints[arch]
-    result = build_proxy(src, tmp_path / "proxy", keep=KEEP, method=method, statistics=tiny_statistics[arch])
+    result = build_proxy(
+        BuildRequest(src, tmp_path / "proxy", keep=KEEP, method=method), statistics=tiny_statistics[arch]
+    )
     report = result.report
     kept = {int(layer): entry["kept_experts"] for layer, entry in report["layers"].items()}
     config = json.loads((src / "config.json").read_text())
@@ -119,8 +121,12 @@ def test_every_architecture_every_method(arch, method, tiny_checkpoints, tiny_st
 def test_method_results_differ_where_they_should(tiny_checkpoints, tiny_statistics, tmp_path):
     """first_k keeps 0..K-1 and frequency keeps the K most activated (ties to the lower id)."""
     src, stats = tiny_checkpoints["qwen3_moe"], tiny_statistics["qwen3_moe"]
-    first = build_proxy(src, tmp_path / "a", keep=KEEP, method="first_k", statistics=stats).report
-    freq = build_proxy(src, tmp_path / "b", keep=KEEP, method="frequency", statistics=stats).report
+    first = build_proxy(
+        BuildRequest(src, tmp_path / "a", keep=KEEP, method="first_k"), statistics=stats
+    ).report
+    freq = build_proxy(
+        BuildRequest(src, tmp_path / "b", keep=KEEP, method="frequency"), statistics=stats
+    ).report
     for layer, entry in first["layers"].items():
         assert entry["kept_experts"] == [0, 1, 2, 3]
         f = stats[int(layer)].frequency
@@ -134,7 +140,10 @@ def test_fused_expert_checkpoint(arch, tmp_path, tiny_statistics):
     from tiny_models import build_tiny
 
     src = build_tiny(arch, tmp_path, layout="fused")
-    result = build_proxy(src, tmp_path / "proxy", keep=KEEP, method="three_view", statistics=tiny_statistics[arch])
+    result = build_proxy(
+        BuildRequest(src, tmp_path / "proxy", keep=KEEP, method="three_view"),
+        statistics=tiny_statistics[arch],
+    )
     kept = {int(k): v["kept_experts"] for k, v in result.report["layers"].items()}
     with safe_open(str(result.out_dir / "model.safetensors"), framework="pt") as fh:
         assert any(re.search(r"experts\.gate_up_proj$", k) for k in fh.keys())  # noqa: SIM118
@@ -148,7 +157,10 @@ def test_sharded_checkpoint_keeps_shards_and_index(tmp_path, tiny_statistics):
     src = build_tiny("qwen2_moe", tmp_path, max_shard_size="40KB")
     shards = sorted(p.name for p in src.glob("*.safetensors"))
     assert len(shards) > 2
-    result = build_proxy(src, tmp_path / "proxy", keep=KEEP, method="three_view", statistics=tiny_statistics["qwen2_moe"])
+    result = build_proxy(
+        BuildRequest(src, tmp_path / "proxy", keep=KEEP, method="three_view"),
+        statistics=tiny_statistics["qwen2_moe"],
+    )
     out = result.out_dir
     assert sorted(p.name for p in out.glob("*.safetensors")) == shards
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -172,7 +184,10 @@ def test_qwen3_config_with_both_expert_keys(tmp_path, tiny_statistics):
     assert "num_local_experts" in cfg and "num_experts" not in cfg  # what this transformers writes
     cfg["num_experts"] = cfg["num_local_experts"]
     (src / "config.json").write_text(json.dumps(cfg, indent=2))
-    result = build_proxy(src, tmp_path / "proxy", keep=KEEP, method="frequency", statistics=tiny_statistics["qwen3_moe"])
+    result = build_proxy(
+        BuildRequest(src, tmp_path / "proxy", keep=KEEP, method="frequency"),
+        statistics=tiny_statistics["qwen3_moe"],
+    )
     new = json.loads((result.out_dir / "config.json").read_text())
     assert new["num_experts"] == new["num_local_experts"] == KEEP
     assert result.report["config_changes"] == {"num_experts": [8, KEEP], "num_local_experts": [8, KEEP]}
@@ -182,8 +197,10 @@ def test_qwen3_config_with_both_expert_keys(tmp_path, tiny_statistics):
 def test_deepseek_flatten_group_policy(tiny_checkpoints, tiny_statistics, tmp_path):
     """keep=3 is impossible per group (not divisible by n_group=2) but works with n_group rewritten to 1."""
     src = tiny_checkpoints["deepseek_v3"]
-    result = build_proxy(src, tmp_path / "p", keep=3, method="three_view", group_policy="flatten",
-                         statistics=tiny_statistics["deepseek_v3"])  # fmt: skip
+    result = build_proxy(
+        BuildRequest(src, tmp_path / "p", keep=3, method="three_view", group_policy="flatten"),
+        statistics=tiny_statistics["deepseek_v3"],
+    )  # fmt: skip
     new = json.loads((result.out_dir / "config.json").read_text())
     assert (new["n_routed_experts"], new["n_group"], new["topk_group"]) == (3, 1, 1)
     assert result.report["group_routing"]["policy"] == "flatten"
@@ -197,19 +214,23 @@ def test_deepseek_flatten_group_policy(tiny_checkpoints, tiny_statistics, tmp_pa
 
 
 def test_keep_ratio(tiny_checkpoints, tiny_statistics, tmp_path):
-    result = build_proxy(tiny_checkpoints["olmoe"], tmp_path / "p", keep_ratio=0.5, method="three_view",
-                         statistics=tiny_statistics["olmoe"])  # fmt: skip
+    result = build_proxy(
+        BuildRequest(tiny_checkpoints["olmoe"], tmp_path / "p", keep_ratio=0.5, method="three_view"),
+        statistics=tiny_statistics["olmoe"],
+    )  # fmt: skip
     assert result.report["keep"] == 4
     # DeepSeek per-group: the ratio applies inside each group (0.75 of 4 per group -> 3 per group).
-    result = build_proxy(tiny_checkpoints["deepseek_v3"], tmp_path / "q", keep_ratio=0.75, method="frequency",
-                         statistics=tiny_statistics["deepseek_v3"])  # fmt: skip
+    result = build_proxy(
+        BuildRequest(tiny_checkpoints["deepseek_v3"], tmp_path / "q", keep_ratio=0.75, method="frequency"),
+        statistics=tiny_statistics["deepseek_v3"],
+    )  # fmt: skip
     assert result.report["keep"] == 6
 
 
 def test_report_contents(tiny_checkpoints, tiny_statistics, tmp_path):
     src = tiny_checkpoints["qwen3_moe"]
     stats = tiny_statistics["qwen3_moe"]
-    report = build_proxy(src, tmp_path / "p", keep=KEEP, statistics=stats).report
+    report = build_proxy(BuildRequest(src, tmp_path / "p", keep=KEEP), statistics=stats).report
     on_disk = json.loads((tmp_path / "p" / "proxy_report.json").read_text())
     assert on_disk == report
     assert report["view_weights"] == pytest.approx({"router": 1 / 3, "coact": 1 / 3, "proto": 1 / 3})

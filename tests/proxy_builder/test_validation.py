@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moeproxy.proxy_builder import build as build_module
-from moeproxy.proxy_builder.build import build_proxy
+from moeproxy.proxy_builder.build import BuildRequest, build_proxy
 from moeproxy.proxy_builder.errors import (
     CalibrationError,
     CheckpointError,
@@ -76,7 +76,7 @@ def test_impossible_requests(case, tiny_checkpoints, calibration_file, tmp_path,
     kwargs.setdefault("calibration", None if case in ("no calibration",) else str(calibration_file))
     out = tmp_path / "proxy"
     with pytest.raises(error, match=message):
-        build_proxy(tiny_checkpoints[arch], out, **kwargs)
+        build_proxy(BuildRequest(tiny_checkpoints[arch], out, **kwargs))
     _assert_nothing_written(out)
 
 
@@ -85,7 +85,7 @@ def test_deepseek_top_k_above_group_capacity(tmp_path, no_model_load):
 
     src = build_tiny("deepseek_v3", tmp_path, num_experts_per_tok=3)
     with pytest.raises(InvalidPruneRequest, match=r"top_k=3 > topk_group=1 x 2 kept per group") as exc:
-        build_proxy(src, tmp_path / "p", keep=4, method="first_k")
+        build_proxy(BuildRequest(src, tmp_path / "p", keep=4, method="first_k"))
     assert "Valid --keep values: 6, 8" in str(exc.value) and "--group-policy flatten" in str(exc.value)
     _assert_nothing_written(tmp_path / "p")
 
@@ -96,7 +96,7 @@ def test_unsupported_architecture(tiny_checkpoints, tmp_path, no_model_load):
     cfg["model_type"] = "llama"
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedArchitecture, match="'llama' is not supported; supported: deepseek_v3") as exc:
-        build_proxy(src, tmp_path / "p", keep=4, method="first_k")
+        build_proxy(BuildRequest(src, tmp_path / "p", keep=4, method="first_k"))
     assert isinstance(exc.value, PlannerUnsupported)  # one name for both stages' callers
     _assert_nothing_written(tmp_path / "p")
 
@@ -121,7 +121,7 @@ def test_missing_or_broken_files(damage, tmp_path, no_model_load):
         cfg["num_experts"] = 16
         (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError):
-        build_proxy(src, tmp_path / "p", keep=4, method="first_k")
+        build_proxy(BuildRequest(src, tmp_path / "p", keep=4, method="first_k"))
     _assert_nothing_written(tmp_path / "p")
 
 
@@ -130,11 +130,15 @@ def test_output_directory_in_the_way(tiny_checkpoints, tmp_path):
     out.mkdir()
     (out / "keep-me.txt").write_text("x")
     with pytest.raises(InvalidPruneRequest, match="not empty"):
-        build_proxy(tiny_checkpoints["olmoe"], out, keep=4, method="first_k")
+        build_proxy(BuildRequest(tiny_checkpoints["olmoe"], out, keep=4, method="first_k"))
     assert [p.name for p in out.iterdir()] == ["keep-me.txt"]
     with pytest.raises(InvalidPruneRequest, match="must not be the model directory"):
-        build_proxy(tiny_checkpoints["olmoe"], tiny_checkpoints["olmoe"] / "sub", keep=4, method="first_k")
-    build_proxy(tiny_checkpoints["olmoe"], out, keep=4, method="first_k", overwrite=True)
+        build_proxy(
+            BuildRequest(
+                tiny_checkpoints["olmoe"], tiny_checkpoints["olmoe"] / "sub", keep=4, method="first_k"
+            )
+        )
+    build_proxy(BuildRequest(tiny_checkpoints["olmoe"], out, keep=4, method="first_k", overwrite=True))
     assert (out / "proxy_report.json").is_file() and not (out / "keep-me.txt").exists()
 
 
@@ -147,7 +151,7 @@ def test_failure_during_build_leaves_nothing(tiny_checkpoints, tmp_path, monkeyp
 
     monkeypatch.setattr(build_module, "write_proxy_checkpoint", broken)
     with pytest.raises(OSError):
-        build_proxy(tiny_checkpoints["olmoe"], tmp_path / "p", keep=4, method="first_k")
+        build_proxy(BuildRequest(tiny_checkpoints["olmoe"], tmp_path / "p", keep=4, method="first_k"))
     _assert_nothing_written(tmp_path / "p")
     assert surgery.write_proxy_checkpoint is not broken
 
@@ -209,7 +213,15 @@ def test_cli_synthetic_calibration(tiny_checkpoints, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_unavailable_device(tiny_checkpoints, calibration_file, tmp_path, no_model_load):
     with pytest.raises(InvalidPruneRequest, match="'cuda' is not available"):
-        build_proxy(tiny_checkpoints["olmoe"], tmp_path / "p", keep=4, calibration=str(calibration_file), device="cuda")
+        build_proxy(
+            BuildRequest(
+                tiny_checkpoints["olmoe"],
+                tmp_path / "p",
+                keep=4,
+                calibration=str(calibration_file),
+                device="cuda",
+            )
+        )
     _assert_nothing_written(tmp_path / "p")
 
 
@@ -230,3 +242,22 @@ def test_cli_saves_and_reuses_statistics(tiny_checkpoints, calibration_file, tmp
                               "--statistics", str(tmp_path / "missing.npz")])  # fmt: skip
     assert bad.exit_code == 2 and "cannot read routing statistics" in bad.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_the_cli_options_are_the_requests_own():
+    """`moeproxy build` states its defaults and method names at import (the CLI must start without
+    numpy); this keeps them equal to BuildRequest's fields and the method registry."""
+    import dataclasses
+    import inspect
+
+    from moeproxy.cli.build import build as build_command
+    from moeproxy.proxy_builder.methods import METHODS
+
+    defaults = {f.name: f.default for f in dataclasses.fields(BuildRequest)}
+    options = inspect.signature(build_command).parameters
+    shared = [name for name in options if name in defaults and name not in ("model_dir", "out_dir")]
+    assert len(shared) >= 14
+    for name in shared:
+        assert options[name].default.default == defaults[name], name
+    listed = [m.strip(" .") for m in options["method"].default.help.split(",")]
+    assert listed == list(METHODS)

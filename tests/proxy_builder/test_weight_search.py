@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moeproxy.proxy_builder.architectures import architecture_for, group_spec
-from moeproxy.proxy_builder.build import build_proxy, load_model
+from moeproxy.proxy_builder.build import BuildRequest, build_proxy, load_model
 from moeproxy.proxy_builder.params import moe_layer_indices
 from moeproxy.proxy_builder.weight_search import in_memory_proxy
 from tiny_models import ARCH_CASES, tiny_config
@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 def test_in_memory_proxy_equals_disk_proxy(arch, tiny_checkpoints, tiny_statistics, tmp_path):
     """The KL search evaluates exactly the model the surgery writes: same logits."""
     src = tiny_checkpoints[arch]
-    result = build_proxy(src, tmp_path / "p", keep=4, statistics=tiny_statistics[arch])
+    result = build_proxy(BuildRequest(src, tmp_path / "p", keep=4), statistics=tiny_statistics[arch])
     kept = {int(k): v["kept_experts"] for k, v in result.report["layers"].items()}
     model, _ = load_model(src)
     config = json.loads((src / "config.json").read_text())
@@ -37,8 +37,18 @@ def test_in_memory_proxy_equals_disk_proxy(arch, tiny_checkpoints, tiny_statisti
 
 
 def test_auto_view_weights(tiny_checkpoints, calibration_file, tmp_path):
-    result = build_proxy(tiny_checkpoints["qwen3_moe"], tmp_path / "p", keep=4, calibration=str(calibration_file),
-                         max_tokens=1500, seq_len=64, batch_size=4, view_weights="auto")  # fmt: skip
+    result = build_proxy(
+        BuildRequest(
+            tiny_checkpoints["qwen3_moe"],
+            tmp_path / "p",
+            keep=4,
+            calibration=str(calibration_file),
+            max_tokens=1500,
+            seq_len=64,
+            batch_size=4,
+            view_weights="auto",
+        )
+    )  # fmt: skip
     report = result.report
     search = report["view_weight_search"]
     assert report["view_weights_mode"] == "auto" and search["step"] == 0.25
@@ -77,7 +87,7 @@ def test_mtp_layers_take_the_last_layers_selection(tiny_checkpoints, tiny_statis
         if k.startswith("model.layers.2."):
             state[k.replace("model.layers.2.", "model.layers.3.")] = state[k].clone()
     save_file(state, str(src / "model.safetensors"), metadata=meta)
-    result = build_proxy(src, tmp_path / "p", keep=4, statistics=tiny_statistics["deepseek_v3"])
+    result = build_proxy(BuildRequest(src, tmp_path / "p", keep=4), statistics=tiny_statistics["deepseek_v3"])
     layers = result.report["layers"]
     assert layers["3"] == {"kept_experts": layers["2"]["kept_experts"], "copied_from_layer": 2}
     with safe_open(str(result.out_dir / "model.safetensors"), framework="pt") as fh:

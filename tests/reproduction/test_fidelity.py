@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from moeproxy.proxy_builder.build import build_proxy
+from moeproxy.proxy_builder.build import BuildRequest, build_proxy
 from moeproxy.reproduction import fidelity
 from moeproxy.reproduction.fidelity import (
     EvalSettings,
@@ -46,8 +46,18 @@ def original(request, tmp_path_factory):
 
 
 def _proxy(original, out, keep, method):
-    return build_proxy(original, out, keep=keep, method=method, calibration=calibration_corpus(64, seed=0),
-                       max_tokens=1500, seq_len=64, batch_size=16).out_dir
+    return build_proxy(
+        BuildRequest(
+            original,
+            out,
+            keep=keep,
+            method=method,
+            calibration=calibration_corpus(64, seed=0),
+            max_tokens=1500,
+            seq_len=64,
+            batch_size=16,
+        )
+    ).out_dir
 
 
 def test_wilson_interval():

@@ -48,11 +48,15 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_proxy(tiny, tmp_path_factory):
-    from moeproxy.proxy_builder import build_proxy
+    from moeproxy.proxy_builder import BuildRequest, build_proxy
     from moeproxy.reproduction.tasks import calibration_corpus
 
     out = tmp_path_factory.mktemp("memory") / "qwen3-moe-4e"
-    build_proxy(tiny, out, keep_ratio=0.5, method="frequency", calibration=calibration_corpus(64, seed=0), seed=0)
+    build_proxy(
+        BuildRequest(
+            tiny, out, keep_ratio=0.5, method="frequency", calibration=calibration_corpus(64, seed=0), seed=0
+        )
+    )
     return out
 
 
