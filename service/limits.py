@@ -12,6 +12,7 @@ import json
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
+from moeproxy.service.middleware import header
 from starlette.exceptions import HTTPException
 
 INT32_MAX = 2**31 - 1  # Integer primary keys: runs.id, mlflow_experiments.id, ...
@@ -135,7 +136,5 @@ class BodyLimits:
 
 
 def _content_length(scope) -> int | None:
-    for key, value in scope.get("headers", ()):
-        if key == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
+    value = header(scope, b"content-length")
+    return int(value) if value is not None and value.isdigit() else None

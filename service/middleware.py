@@ -24,6 +24,26 @@ DOCS_PATHS = ("/docs", "/redoc")
 DOCS_CSP = "frame-ancestors 'none'"
 
 
+def header(scope, name: bytes) -> bytes | None:
+    """A request header's raw value from an ASGI scope (names are lower-case there)."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+async def send_json(send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Answer from inside a middleware, before or instead of the app: a JSON body, its length."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 class UnexpectedErrors:
     """ASGI middleware: an exception no handler took becomes a JSON 500 here, and is not re-raised.
 
@@ -56,15 +76,7 @@ class UnexpectedErrors:
             if started:
                 raise
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            body = b'{"detail":"internal server error"}'
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 500,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await send_json(send, 500, b'{"detail":"internal server error"}')
 
 
 class SecurityHeaders:

@@ -15,6 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from moeproxy.service.middleware import header, send_json
+
 
 class SlidingWindow:
     """At most ``limit`` events per key in any ``window_s`` seconds.
@@ -115,7 +117,7 @@ class RateLimits:
         if self.by_address is not None:
             client = scope.get("client")
             wait = self.by_address.hit(client[0] if client else "unknown")
-        credential = _header(scope, b"authorization")
+        credential = header(scope, b"authorization")
         if not wait and credential and self.by_token is not None:
             wait = self.by_token.hit(hashlib.sha256(credential).hexdigest()[:32])
         if not wait:
@@ -126,23 +128,4 @@ class RateLimits:
             payload = {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": message}
         else:
             payload = {"detail": message}
-        body = json.dumps(payload).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 429,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"retry-after", str(wait).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-def _header(scope, name: bytes) -> bytes | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value
-    return None
+        await send_json(send, 429, json.dumps(payload).encode(), ((b"retry-after", str(wait).encode()),))

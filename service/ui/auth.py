@@ -57,7 +57,7 @@ def is_public(request: Request) -> bool:
     return bool(request.app.state.settings.public_ui)
 
 
-def _operator_token(request: Request) -> str | None:
+def operator_token(request: Request) -> str | None:
     return request.app.state.settings.ui_token or None
 
 
@@ -159,7 +159,7 @@ def log_in(request: Request, session: Session, credential: str) -> str | None:
     credential = credential.strip()
     if not credential:
         return None
-    operator = _operator_token(request)
+    operator = operator_token(request)
     if operator is not None and hmac.compare_digest(credential.encode(), operator.encode()):
         return start_session(session, project_id=None, token_id=None)
     if credential.startswith(LINK_PREFIX):

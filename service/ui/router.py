@@ -110,14 +110,10 @@ def _login_page(request: Request, target: str, error: str | None, status_code: i
     return templates.TemplateResponse(
         request,
         "login.html",
-        {"next": target, "error": error, "viewer": None, "operator_login": _operator_login(request)},
+        {"next": target, "error": error, "viewer": None, "operator_login": auth.operator_token(request) is not None},
         status_code=status_code,
         headers=headers,
     )
-
-
-def _operator_login(request: Request) -> bool:
-    return bool(request.app.state.settings.ui_token)
 
 
 @router.get("/login", response_class=HTMLResponse)
