@@ -24,6 +24,7 @@ import math
 
 import torch
 from moeproxy.reproduction.algos import SAFETY_BOUND, masked_mean, masked_sum
+from moeproxy.reproduction.views import ENGINE_PREFIX
 
 #: Names every step record carries (tests check them against SPEC section 4 / verl).
 STEP_METRICS: tuple[str, ...] = (
@@ -43,10 +44,6 @@ STEP_METRICS: tuple[str, ...] = (
     "perf/peak_memory_mb",
 )
 
-#: Prefix of what the engine records beside verl's names so that other frameworks' views
-#: (:mod:`moeproxy.reproduction.views`) can be written from the same run: the total loss, per-side
-#: clip ratios, reward components, group statistics, terminated lengths. The verl view drops it.
-ENGINE_PREFIX = "engine/"
 
 #: Measured, not computed: left out when two traces are compared for determinism.
 NONDETERMINISTIC_PREFIXES: tuple[str, ...] = ("timing_s/", "perf/")

@@ -17,7 +17,7 @@ import torch
 from moeproxy.reproduction import algos
 from moeproxy.reproduction.config import EngineConfig, lr_at
 from moeproxy.reproduction.hooks import Injector
-from moeproxy.reproduction.metrics import ENGINE_PREFIX
+from moeproxy.reproduction.views import ENGINE_PREFIX
 from moeproxy.reproduction.policy import Policy
 from moeproxy.reproduction.rollout import position_ids, stack_routing
 

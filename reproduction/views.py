@@ -1,6 +1,6 @@
 """One engine run, written as each framework's logger would write it (SPEC section 4).
 
-The engine records verl's names plus, under :data:`~moeproxy.reproduction.metrics.ENGINE_PREFIX`,
+The engine records verl's names plus, under :data:`ENGINE_PREFIX`,
 what other frameworks log and verl does not (the total loss, per-side clip ratios, reward
 components, group statistics). A view is a pure function of the whole trace (``[{"step": k,
 "values": {...}}]``) that keeps only the names its framework really logs, with their meanings:
@@ -26,7 +26,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from moeproxy.reproduction.errors import UnknownView
-from moeproxy.reproduction.metrics import ENGINE_PREFIX
+
+#: Prefix of what the engine records beside verl's names so that other frameworks' views can be
+#: written from the same run: the total loss, per-side clip ratios, reward components, group
+#: statistics, terminated lengths. The verl view drops it. Here, not in :mod:`.metrics`, so that
+#: readers of traces (the signature library) can project a view without importing torch.
+ENGINE_PREFIX = "engine/"
 
 Trace = list[dict[str, Any]]
 E = ENGINE_PREFIX

@@ -45,14 +45,22 @@ class TraceSet:
     healthy_runs: Mapping[int, RunMetrics]
     manifest: Mapping[str, Any]
     path: Path | None = None
+    #: The injected onset of each fault run, by seed, when the runs of one entry start at different
+    #: steps (a campaign's mid-run onset is drawn per seed); else ``params`` holds the one onset.
+    onsets: Mapping[int, int] | None = None
 
 
 _SEED_FILE = re.compile(r"^(?P<name>.+)-seed(?P<seed>\d+)\.jsonl$")
 
 
-def load_trace_dir(path: str | Path, *, twins_from: str | Path | None = None) -> TraceSet:
+def load_trace_dir(path: str | Path, *, twins_from: str | Path | None = None, view: str = "verl") -> TraceSet:
     """Read ``DIR/manifest.json`` and the ``*-seed<k>.jsonl`` traces next to it; healthy twins
-    missing there are read from ``twins_from`` (a campaign's shared healthy directory)."""
+    missing there are read from ``twins_from`` (a campaign's shared healthy directory).
+
+    Traces written raw (everything the engine recorded: a campaign's) are read as the framework
+    ``view`` logs them (:mod:`moeproxy.reproduction.views`); traces already written in a view are
+    read as they are.
+    """
     d = Path(path)
     try:
         manifest = json.loads((d / "manifest.json").read_text())
@@ -61,6 +69,7 @@ def load_trace_dir(path: str | Path, *, twins_from: str | Path | None = None) ->
     except json.JSONDecodeError as exc:
         raise InvalidRun(f"{d / 'manifest.json'}: not JSON ({exc.msg})") from None
     fault = _fault_of(manifest)
+    read = _reader(manifest, view)
     fault_runs: dict[int, RunMetrics] = {}
     healthy: dict[int, RunMetrics] = {}
     for f in sorted(d.glob("*-seed*.jsonl")):
@@ -68,7 +77,7 @@ def load_trace_dir(path: str | Path, *, twins_from: str | Path | None = None) ->
         if not m:
             continue
         seed = int(m.group("seed"))
-        run = load_run(f, framework="verl")
+        run = read(f)
         if m.group("name") == "healthy":
             healthy[seed] = run
         elif m.group("name") == fault["class"]:
@@ -77,12 +86,38 @@ def load_trace_dir(path: str | Path, *, twins_from: str | Path | None = None) ->
         for f in sorted(Path(twins_from).glob("healthy-seed*.jsonl")):
             m = _SEED_FILE.match(f.name)
             if m and int(m.group("seed")) in fault_runs and int(m.group("seed")) not in healthy:
-                healthy[int(m.group("seed"))] = load_run(f, framework="verl")
+                twin_manifest = Path(twins_from) / "manifest.json"
+                twin_read = _reader(json.loads(twin_manifest.read_text()), view) if twin_manifest.exists() else read
+                healthy[int(m.group("seed"))] = twin_read(f)
     if fault["class"] == "healthy":
         fault_runs = fault_runs or healthy
     if not fault_runs:
         raise InvalidRun(f"{d}: no {fault['class']}-seed<k>.jsonl trace")
-    return TraceSet(fault["class"], fault["variant"], fault["params"], fault_runs, healthy, manifest, d)
+    onsets = manifest.get("onsets")
+    onsets = {int(k): int(v) for k, v in onsets.items() if v is not None} if isinstance(onsets, Mapping) else None
+    return TraceSet(fault["class"], fault["variant"], fault["params"], fault_runs, healthy, manifest, d,
+                    onsets or None)
+
+
+def _reader(manifest: Mapping[str, Any], view: str):
+    """How to read one trace file of a directory: projected onto ``view`` when it was written raw."""
+    from moeproxy.reproduction.views import VIEWS, project
+
+    if view not in VIEWS:
+        raise InvalidRun(f"unknown framework view {view!r}; known: {', '.join(VIEWS)}")
+    written = manifest.get("view", "verl")
+    framework = None if view == "raw" else view
+    if written != "raw" or view == "raw":
+        return lambda f: load_run(f, framework=framework or "verl")
+
+    def read(f: Path) -> RunMetrics:
+        try:
+            records = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InvalidRun(f"{f}: cannot read the trace ({exc})") from None
+        return RunMetrics.from_steps(project(records, view), framework=framework, name=f.stem)
+
+    return read
 
 
 def _fault_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,8 +146,12 @@ def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
                       healthy_runs: Sequence[RunMetrics] = (), *, variant: str | None = None,
                       params: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
                       fingerprint_id: str | None = None,
-                      signature_params: SignatureParams = DEFAULT_PARAMS) -> Fingerprint:
-    """One fingerprint from several runs of the same fault (and their healthy twins, same order)."""
+                      signature_params: SignatureParams = DEFAULT_PARAMS,
+                      onsets: Sequence[int | None] | None = None) -> Fingerprint:
+    """One fingerprint from several runs of the same fault (and their healthy twins, same order).
+
+    ``onsets``: the injected onset of each fault run (same order) when they differ; else the one
+    onset in ``params`` (if any) holds for every run."""
     if fault_class not in FAULT_CLASSES:
         raise UnknownFaultClass(f"unknown fault class {fault_class!r}")
     if not fault_runs:
@@ -121,9 +160,14 @@ def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
     sigs = signatures_of(fault_runs, signature_params)
     twins = signatures_of(healthy_runs, signature_params) if fault_class != "healthy" else []
     names = _common_metrics(sigs)
-    injected = _injected_onset(params or {})
-    ref = [_reference_onset(s, names, injected) for s in sigs]
-    twin_ref = [_reference_onset(t, names, injected) for t in twins]
+    if onsets is not None and len(onsets) != len(sigs):
+        raise InvalidRun(f"{len(onsets)} onsets for {len(sigs)} fault runs")
+    single = _injected_onset(params or {})
+    injected = list(onsets) if onsets is not None else [single] * len(sigs)
+    # Per-run onsets need the twins in the order of the fault runs (or no twins).
+    twin_injected = list(onsets) if onsets is not None and twins else [single] * len(twins)
+    ref = [_reference_onset(s, names, o) for s, o in zip(sigs, injected, strict=True)]
+    twin_ref = [_reference_onset(t, names, o) for t, o in zip(twins, twin_injected, strict=True)]
     affected = {m: _is_affected(m, sigs, twins, fault_class) or _volatility_changed(m, sigs, ref, twins, twin_ref)
                 for m in names}
     if fault_class != "healthy" and not any(affected.values()):
@@ -131,10 +175,10 @@ def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
         # still says what a run of this fault looks like on its own.
         affected = {m: _majority([s.metrics[m].direction for s in sigs])[0] != 0 for m in names}
     affected_names = [m for m in names if affected[m]]
-    onsets = [_reference_onset(s, affected_names, injected) for s in sigs]
-    aligned = fault_class != "healthy" and sum(o is not None for o in onsets) * 2 >= len(sigs)
+    run_onsets = [_reference_onset(s, affected_names, o) for s, o in zip(sigs, injected, strict=True)]
+    aligned = fault_class != "healthy" and sum(o is not None for o in run_onsets) * 2 >= len(sigs)
     pre = signature_params.trace_pre
-    metrics = {m: _expectation(m, sigs, onsets if aligned else [None] * len(sigs), affected[m], pre)
+    metrics = {m: _expectation(m, sigs, run_onsets if aligned else [None] * len(sigs), affected[m], pre)
                for m in names}
     prov = dict(provenance or {})
     prov.setdefault("n_runs", len(fault_runs))
@@ -161,9 +205,17 @@ def fingerprint_from_trace_set(ts: TraceSet, *, signature_params: SignatureParam
         "engine": ts.manifest.get("engine") or ts.manifest.get("backend"),
         "steps": ts.manifest.get("steps"),
     }
+    params = dict(ts.params)
+    onsets = None
+    if ts.onsets is not None and ts.fault_class != "healthy":
+        onsets = [ts.onsets.get(s) for s in seeds]
+        prov["onsets"] = {str(s): o for s, o in zip(seeds, onsets, strict=True)}
+        # The fingerprint's parameters say how the onset was chosen, not one run's step.
+        if ts.manifest.get("onset_rule") is not None:
+            params["onset"] = ts.manifest["onset_rule"]
     return build_fingerprint(ts.fault_class, [ts.fault_runs[s] for s in seeds], twins, variant=ts.variant,
-                             params=ts.params, provenance=prov, fingerprint_id=fingerprint_id,
-                             signature_params=signature_params)
+                             params=params, provenance=prov, fingerprint_id=fingerprint_id,
+                             signature_params=signature_params, onsets=onsets)
 
 
 #: Parameter names under which the engine's injectors take their onset step.

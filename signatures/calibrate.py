@@ -16,7 +16,7 @@ counts (``calibration`` in docs/fingerprints.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from moeproxy.signatures.canonical import RunMetrics, canonicalise
@@ -101,7 +101,7 @@ def cross_validated_calibration(trace_sets, *, signature_params=None) -> tuple[C
     from the other seeds, and score the left-out seed's runs (positives: own class; negatives: best
     score with the class left out, best fault score on the left-out healthy twin). Fingerprints
     from fewer seeds match a little worse, so the threshold comes out conservative."""
-    from moeproxy.signatures.build import TraceSet, fingerprint_from_trace_set
+    from moeproxy.signatures.build import fingerprint_from_trace_set
     from moeproxy.signatures.features import DEFAULT_PARAMS
 
     params = signature_params or DEFAULT_PARAMS
@@ -117,8 +117,8 @@ def cross_validated_calibration(trace_sets, *, signature_params=None) -> tuple[C
             if not keep:
                 continue
             twins = {s: r for s, r in ts.healthy_runs.items() if s != held}
-            fps.append(fingerprint_from_trace_set(TraceSet(ts.fault_class, ts.variant, ts.params, keep, twins,
-                                                           ts.manifest, ts.path), signature_params=params))
+            fps.append(fingerprint_from_trace_set(replace(ts, fault_runs=keep, healthy_runs=twins),
+                                                  signature_params=params))
             if held in ts.fault_runs:
                 runs.append(LabelledRun(ts.fault_class, ts.fault_runs[held]))
         healthy_twin = next((ts.healthy_runs[held] for ts in trace_sets if held in ts.healthy_runs), None)

@@ -1,19 +1,19 @@
 """``moeproxy fingerprints``: the fault-fingerprint library (list, show, validate, build, calibrate,
 generate).
 
-``generate`` runs a campaign — fault classes × parameter sets × seeds — with the reproduction
-engine on a reference proxy (each job is one ``moeproxy reproduce`` run: the fault and its healthy
-twin with the same seeds), then builds one fingerprint per (class, parameters) from the traces and
-calibrates the strong/weak threshold on held-out seeds. ``build`` and ``calibrate`` do the last two
-steps on trace directories that already exist. Only the signature engine (pure) is imported at the
-top; the engine runs in its own process.
+``generate`` is a thin wrapper over :func:`moeproxy.reproduction.campaign.run_campaign`: it runs a
+campaign — fault entries × onsets × seeds, each job one GRPO run, every seed's healthy twin once —
+on a proxy, resumably, then builds one fingerprint per entry from the traces and calibrates the
+strong/weak threshold. ``build`` and ``calibrate`` do the last two steps on trace directories that
+already exist. Only the signature engine (pure) is imported at the top; the engine is imported by
+the command that runs it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,7 +135,7 @@ def build(trace_dirs: list[Path] = typer.Argument(..., help="Reproduction output
 
 
 def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, campaign: dict | None = None,
-                   twins: dict[str, Path] | None = None) -> dict:
+                   twins: dict[str, Path] | None = None, view: str = "verl") -> dict:
     from rich.progress import track
 
     from moeproxy.signatures.build import fingerprint_from_trace_set, load_trace_dir
@@ -147,7 +147,7 @@ def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, camp
     try:
         lib_twins = twins.get("lib") if twins else None
         for d in track(list(trace_dirs), description="building fingerprints", transient=True):
-            fps.append(fingerprint_from_trace_set(load_trace_dir(d, twins_from=lib_twins), source=source))
+            fps.append(fingerprint_from_trace_set(load_trace_dir(d, twins_from=lib_twins, view=view), source=source))
         lib = FingerprintLibrary(tuple(fps), generator={"command": " ".join(map(shlex.quote, command)),
                                                          "created": datetime.now(UTC).isoformat()})
         cal_report = None
@@ -155,7 +155,7 @@ def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, camp
             from moeproxy.signatures.build import load_trace_dir as _load
             from moeproxy.signatures.calibrate import cross_validated_calibration
 
-            sets = [_load(d, twins_from=lib_twins) for d in trace_dirs]
+            sets = [_load(d, twins_from=lib_twins, view=view) for d in trace_dirs]
             if len({s for ts in sets for s in ts.fault_runs}) >= 2:
                 cal, cal_report = cross_validated_calibration(sets)
                 lib = lib.with_calibration(cal)
@@ -164,7 +164,7 @@ def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, camp
             held_twins = twins.get("heldout") if twins else None
             seen_healthy: set[int] = set()
             for d in heldout:
-                ts = load_trace_dir(d, twins_from=held_twins)
+                ts = load_trace_dir(d, twins_from=held_twins, view=view)
                 runs += [LabelledRun(ts.fault_class, r) for r in ts.fault_runs.values()]
                 if ts.fault_class == "healthy":
                     seen_healthy.update(ts.fault_runs)
@@ -181,6 +181,7 @@ def _build_library(trace_dirs, out: Path, heldout, *, source: str, command, camp
         "source": source,
         "trace_dirs": [str(d) for d in trace_dirs],
         "heldout_dirs": [str(d) for d in heldout],
+        "view": view,
         "calibration": None if cal_report is None else {
             "threshold": cal_report["threshold"], "balanced_accuracy": cal_report["balanced_accuracy"],
             "method": lib.calibration.method, "n": lib.calibration.n_heldout},
@@ -215,72 +216,78 @@ def calibrate_cmd(heldout: list[Path] = typer.Argument(..., help="Held-out repro
 
 @fingerprints_app.command("generate")
 def generate(
-    model: Path = typer.Option(..., "--model", help="Reference proxy checkpoint to reproduce faults on."),
+    model: str = typer.Option(..., "--model", help="Proxy checkpoint directory (or a reference model name) to reproduce faults on."),
     out: Path = typer.Option(..., "--out", help="Library directory to write."),
-    work: Path = typer.Option(Path("runs/campaign"), "--work", help="Where the reproduction traces go."),
-    campaign_file: Path | None = typer.Option(None, "--campaign", help="Campaign JSON (default: the built-in one)."),
+    work: Path = typer.Option(Path("runs/campaign"), "--work",
+                              help="Campaign directory: manifest.json and the traces. A stopped campaign resumes here."),
+    campaign_file: Path | None = typer.Option(None, "--campaign", help="Campaign JSON (default: every variant, campaign v2)."),
     classes: str | None = typer.Option(None, "--classes", help="Comma-separated subset of fault classes."),
     steps: int | None = typer.Option(None, "--steps", help="RL steps per run (overrides the campaign)."),
-    seeds: str | None = typer.Option(None, "--seeds", help="Library seeds, e.g. 0,1,2 (overrides the campaign)."),
+    seeds: str | None = typer.Option(None, "--seeds", help="Library seeds, e.g. 0,1 (overrides the campaign)."),
     heldout_seeds: str | None = typer.Option(None, "--heldout-seeds", help="Calibration seeds, e.g. 100,101."),
+    engine: list[str] = typer.Option([], "--engine", help="Engine option key=value (repeatable), over the campaign's."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu (passed to the engine)."),
-    extra: list[str] = typer.Option([], "--reproduce-arg", help="Extra argument for `moeproxy reproduce`."),
-    skip_existing: bool = typer.Option(True, "--skip-existing/--rerun", help="Reuse trace dirs that are complete."),
+    backend: str = typer.Option("local", "--backend", help="Campaign backend (moeproxy.reproduction.campaign)."),
+    view: str = typer.Option("verl", "--view", help="Framework view the library is built from: verl, trl, openrlhf."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Run a fingerprint campaign (classes × parameters × seeds) with the reproduction engine on a
-    proxy, then build and calibrate the library from the traces."""
+    """Run a fingerprint campaign (classes × parameters × onsets × seeds) with the reproduction engine
+    on a proxy, then build and calibrate the library from its traces. Resumable: finished jobs in
+    --work are never run again."""
     from moeproxy.extras import MissingExtra, require
-    from moeproxy.signatures.campaign import CampaignError, default_campaign, load_campaign
 
     try:
-        # Each job is a `moeproxy reproduce` process: without torch every one of them would fail.
         require("ml", "fingerprints generate")
     except MissingExtra as exc:
         raise _fail(str(exc)) from None
+    from moeproxy.cli.reproduce import resolve_model
+    from moeproxy.reproduction.campaign import CampaignError, default_campaign, load_campaign, run_campaign
+    from moeproxy.reproduction.config import EngineConfig
+    from moeproxy.reproduction.errors import ReproductionError
+
     try:
         campaign = load_campaign(campaign_file) if campaign_file else default_campaign()
         campaign = campaign.override(
             classes=None if classes is None else [c.strip() for c in classes.split(",") if c.strip()],
             steps=steps, seeds=_ints(seeds), heldout_seeds=_ints(heldout_seeds))
-    except CampaignError as exc:
+        model_dir, defaults = resolve_model(model)
+        # The model's own RL setting, then the campaign's engine options, then --engine.
+        config = EngineConfig.from_dict({**EngineConfig(**defaults).to_dict(), **campaign.engine})
+        config = config.with_strings(_pairs(engine))
+        result = run_campaign(model_dir, campaign.jobs(), config, work, backend=backend, device=device,
+                              progress=not quiet)
+    except (CampaignError, ReproductionError) as exc:
         raise _fail(str(exc)) from None
-    # The healthy twin of a seed is the same run for every fault (the engine is deterministic on
-    # CPU for a seed), so the campaign runs it once per seed and the fault jobs skip theirs.
-    jobs = [j for j in campaign.jobs() if j.fault_class != "healthy"]
-    from moeproxy.signatures.campaign import CampaignJob
-
-    healthy = CampaignJob("healthy")
-    lib_dirs, held_dirs = [], []
-    twins: dict[str, Path] = {}
-    plan = [(healthy, "lib", campaign.seeds), (healthy, "heldout", campaign.heldout_seeds)]
-    plan += [(j, tag, seeds_) for j in jobs for tag, seeds_ in (("lib", campaign.seeds),
-                                                                 ("heldout", campaign.heldout_seeds))]
-    for i, (job, tag, seeds_) in enumerate(plan, start=1):
-        if not seeds_:
-            continue
-        d = work / tag / job.slug
-        if job.fault_class == "healthy":
-            twins[tag] = d
-        (lib_dirs if tag == "lib" else held_dirs).append(d)
-        if skip_existing and _complete(d, job.fault_class, seeds_):
-            continue
-        params = dict(job.params)
-        variant = params.pop("variant", None)
-        cmd = [sys.executable, "-c", "from moeproxy.cli import main; main()", "reproduce", "--model", str(model),
-               "--fault", job.fault_class, *(["--variant", str(variant)] if variant else []),
-               *[a for k, v in params.items() for a in ("--param", f"{k}={v}")],
-               "--steps", str(campaign.steps), "--seeds", ",".join(map(str, seeds_)), "--device", device,
-               "--no-healthy", "--quiet", "--out", str(d), *extra]
-        typer.echo(f"[{i}/{len(plan)}] {tag} {job.slug}: {' '.join(map(shlex.quote, cmd[3:]))}", err=True)
-        rc = subprocess.call(cmd)
-        if rc != 0:
-            raise _fail(f"`moeproxy reproduce` failed (exit {rc}) for {job.slug}")
-    report = _build_library(lib_dirs, out, held_dirs, source="proxy", command=["moeproxy", *sys.argv[1:]], twins=twins,
-                            campaign={**campaign.to_dict(), "model": str(model), "device": device})
+    if result.failed:
+        for job_id, error in result.failed.items():
+            typer.echo(f"failed: {job_id}: {error}", err=True)
+        typer.echo(f"error: {len(result.failed)} job(s) failed; {work}/manifest.json has them. "
+                   "Run the same command again to retry them (finished jobs are kept).", err=True)
+        raise typer.Exit(code=1)
+    twins = {"lib": work / "library" / "healthy", "heldout": work / "heldout" / "healthy"}
+    manifest_file = work / "manifest.json"
+    report = _build_library(
+        result.entry_dirs("library"), out, result.entry_dirs("heldout"), source="proxy",
+        command=["moeproxy", *sys.argv[1:]], twins={k: v for k, v in twins.items() if v.is_dir()}, view=view,
+        campaign={**campaign.to_dict(), "model": str(model_dir), "device": device, "backend": backend,
+                  "engine": config.to_dict(), "manifest": str(manifest_file),
+                  "manifest_sha256": hashlib.sha256(manifest_file.read_bytes()).hexdigest(),
+                  "jobs_run": len(result.ran), "jobs_reused": len(result.skipped)})
     typer.echo(json.dumps(report, indent=1) if as_json else
                f"wrote {report['library']}: {report['fingerprints']} fingerprints, "
-               f"strong threshold {report['strong_threshold']}")
+               f"strong threshold {report['strong_threshold']} ({len(result.ran)} runs made, "
+               f"{len(result.skipped)} reused from {work})")
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise _fail(f"--engine {item!r} is not of the form key=value")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def _fault_class_of(d: Path) -> str | None:
@@ -298,13 +305,6 @@ def _ints(text: str | None) -> list[int] | None:
         return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise _fail(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _complete(d: Path, fault_class: str, seeds: list[int]) -> bool:
-    if not (d / "manifest.json").exists():
-        return False
-    name = fault_class if fault_class != "healthy" else "healthy"
-    return all((d / f"{name}-seed{s}.jsonl").exists() for s in seeds)
 
 
 def register(app: typer.Typer) -> None:

@@ -40,7 +40,7 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _resolve_model(model: str) -> tuple[Path, dict]:
+def resolve_model(model: str) -> tuple[Path, dict]:
     """The checkpoint directory, and the engine defaults of a reference model named by name."""
     path = Path(model)
     if path.is_dir():
@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
                     _fail("give --model and --fault (or --manifest)")
                 if out is None:
                     _fail("--out DIR is required")
-                model_dir, defaults = _resolve_model(model)
+                model_dir, defaults = resolve_model(model)
                 spec = FaultSpec(fault, variant, _pairs(param, "--param"))
                 # The reference model's own RL setting first, then what --engine says.
                 config = EngineConfig(**defaults).with_strings(_pairs(engine, "--engine"))
