@@ -21,7 +21,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 from moeproxy.reproduction.catalogue import FAMILIES, FAULT_CLASSES
 from moeproxy.signatures.errors import InvalidLibrary, UnknownFaultClass
 from moeproxy.signatures.features import SignatureParams
+from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, alias_index, canonical_name
 
 FORMAT_VERSION = 1
 LIBRARY_FILE = "fingerprints.json"
@@ -214,6 +215,24 @@ def save_library(library: FingerprintLibrary, path: str | Path, *,
     return target
 
 
+def with_canonical_names(fp: Fingerprint) -> Fingerprint:
+    """``fp`` with its metrics under today's canonical names.
+
+    A fingerprint stores the names canonicalisation gave when it was built; a metric the
+    vocabulary has named since (``response_length/max`` -> ``response_length_max``) is renamed
+    here, so a library keeps matching runs as the vocabulary grows. The fingerprints come from
+    the engine's verl names; a name whose canonical one is already taken stays as it is.
+    """
+    index = alias_index(DEFAULT_ALIASES, "verl")
+    renamed: dict[str, MetricExpectation] = {}
+    for name, exp in fp.metrics.items():
+        canon = canonical_name(name, index)
+        renamed[canon if canon not in fp.metrics and canon not in renamed else name] = exp
+    if list(renamed) == list(fp.metrics):
+        return fp
+    return replace(fp, metrics=renamed)
+
+
 def library_from_dict(doc: Any) -> FingerprintLibrary:
     v = _Validator()
     return v.library(doc)
@@ -232,7 +251,7 @@ class _Validator:
         params = self.params(doc.get("params", {}), "params")
         calibration = self.calibration(doc.get("calibration", {}), "calibration")
         fps = self.get(doc, "fingerprints", "", list)
-        out = tuple(self.fingerprint(f, f"fingerprints[{i}]") for i, f in enumerate(fps))
+        out = tuple(with_canonical_names(self.fingerprint(f, f"fingerprints[{i}]")) for i, f in enumerate(fps))
         ids = [f.id for f in out]
         for i, fid in enumerate(ids):
             if ids.index(fid) != i:

@@ -138,3 +138,26 @@ def test_the_signature_library_reads_no_environment(monkeypatch, tmp_path):
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not {"os", "moeproxy.config", "pydantic_settings"} & names, source.name
         assert not re.search(r"os\.environ|getenv\(", source.read_text()), source.name
+
+
+def test_a_library_built_before_a_name_was_canonical_matches_runs_under_the_new_name():
+    """response_length/max became response_length_max (TRL's completions/max_length): the shipped
+    fingerprints, built under the old name, are read under the new one, so a TRL run and a verl
+    run both reach them."""
+    import json
+
+    from moeproxy.signatures.canonical import RunMetrics, canonicalise
+    from moeproxy.signatures.fingerprint import library_from_dict, resolve_library_path
+
+    doc = json.loads(resolve_library_path(None).read_text())
+    assert any("response_length/max" in f["metrics"] for f in doc["fingerprints"])  # the stored names
+    lib = library_from_dict(doc)
+    names = {m for f in lib.fingerprints for m in f.metrics}
+    assert "response_length_max" in names and "response_length/max" not in names
+    steps = [{"step": k, "values": {"completions/max_length": 40.0 + k, "completions/clipped_ratio": 0.1}}
+             for k in range(5)]
+    trl = canonicalise(RunMetrics.from_steps(steps, framework="trl"))
+    verl = canonicalise(RunMetrics.from_steps(
+        [{"step": k, "values": {"response_length/max": 40.0 + k, "response_length/clip_ratio": 0.1}} for k in range(5)],
+        framework="verl"))
+    assert set(trl.metrics) == set(verl.metrics) == {"response_length_max", "length_clip_ratio"}
