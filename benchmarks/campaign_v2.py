@@ -1,0 +1,134 @@
+"""Campaign v2 (issue 20): every fault variant on the Qwen3-MoE RL proxy, sized from a measured step
+cost, run resumably through ``moeproxy.reproduction.campaign.run_campaign``.
+
+Stages (each reuses what is on disk, so the script can be stopped at any time and started again):
+
+1. ``proxy``: the Qwen3-MoE RL starting point (``qwen3-moe-64e-rl``) pruned to half its experts
+   (``moeproxy build --keep-ratio 0.5``, three-view clustering, synthetic task calibration).
+2. ``measure``: a short healthy run on the proxy at each batch of :data:`BATCHES` (largest first);
+   the first whose whole campaign fits ``--budget-h`` CPU-hours is kept (the issue: shrink the
+   batch, then the seeds, before dropping variants or onset 0). Written to ``OUT/sizing.json``.
+3. ``run``: the default campaign v2 (``default_campaign``) at that batch, into ``--work``.
+
+    OMP_NUM_THREADS=2 nice -n 10 python benchmarks/campaign_v2.py --work runs/campaign-v2
+
+The campaign manifest (every job: seed, onset, wall time, the trace's SHA-256) is copied to
+``benchmarks/results/campaign-v2/manifest.json`` after each job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "campaign-v2"
+REFERENCE = "qwen3-moe-64e-rl"
+
+#: (prompts per step, samples per prompt, mini-batches); the largest is the 200-step runs' batch.
+BATCHES: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (8, 8, 4), (8, 4, 2), (4, 4, 2))
+MEASURE_STEPS = 6
+
+
+def stage_proxy(work: Path) -> Path:
+    out = work / "proxy"
+    if not (out / "proxy_report.json").exists():
+        from moeproxy.reproduction.reference import reference_model_path
+
+        cmd = [sys.executable, "-c", "from moeproxy.cli import main; main()", "build",
+               "--model", str(reference_model_path(REFERENCE)), "--out", str(out), "--keep-ratio", "0.5",
+               "--calibration", "synthetic:tasks", "--view-weights", "auto", "--overwrite", "--quiet"]
+        print("$ " + " ".join(cmd[3:]), flush=True)
+        subprocess.run(cmd, check=True)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out / "proxy_report.json", RESULTS / "proxy_report.json")
+    return out
+
+
+def engine_for(batch: tuple[int, int, int], threads: int) -> dict:
+    from moeproxy.reproduction.reference import rl_engine_defaults
+
+    prompts, group, minis = batch
+    return {**rl_engine_defaults(REFERENCE), "prompts_per_step": prompts, "group_size": group,
+            "ppo_mini_batch_size": prompts // minis, "threads": threads}
+
+
+def stage_measure(proxy: Path, work: Path, budget_h: float, threads: int, steps: int) -> dict:
+    sizing_file = work / "sizing.json"
+    if sizing_file.exists():
+        return json.loads(sizing_file.read_text())
+    from moeproxy.reproduction.campaign import JobInput, default_campaign, run_job
+    from moeproxy.reproduction.config import EngineConfig
+
+    jobs = default_campaign(steps=steps).jobs()
+    total_steps = sum(j.steps for j in jobs)
+    tried = []
+    chosen = None
+    for batch in BATCHES:
+        engine = EngineConfig(**engine_for(batch, threads)).to_dict()
+        t0 = time.perf_counter()
+        out = run_job(JobInput(str(proxy), engine, {"class": "healthy", "variant": "none", "params": {}}, 0,
+                               MEASURE_STEPS))
+        step_times = [r["values"]["timing_s/step"] for r in out.trace[1:]]  # the first step warms up
+        cost = statistics.median(step_times)
+        projected_h = total_steps * cost / 3600
+        tried.append({"batch": list(batch), "step_time_s_median": round(cost, 3), "projected_h": round(projected_h, 2),
+                      "wall_s": round(time.perf_counter() - t0, 1)})
+        print(f"batch {batch}: {cost:.2f} s/step -> {projected_h:.1f} h for {len(jobs)} runs", flush=True)
+        if projected_h <= budget_h:
+            chosen = batch
+            break
+    if chosen is None:
+        chosen = BATCHES[-1]
+    sizing = {"jobs": len(jobs), "steps_per_run": steps, "total_steps": total_steps, "budget_h": budget_h,
+              "threads": threads, "tried": tried, "batch": list(chosen), "engine": engine_for(chosen, threads),
+              "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()}}
+    sizing_file.write_text(json.dumps(sizing, indent=1) + "\n")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sizing_file, RESULTS / "sizing.json")
+    return sizing
+
+
+def stage_run(proxy: Path, work: Path, sizing: dict, steps: int) -> None:
+    from moeproxy.reproduction.campaign import default_campaign, run_campaign
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    jobs = default_campaign(steps=steps).jobs()
+
+    def keep_manifest(job, record) -> None:
+        shutil.copy(work / "campaign" / "manifest.json", RESULTS / "manifest.json")
+        print(f"{record['state']}: {job.id} ({record.get('wall_time_s')} s)", flush=True)
+
+    result = run_campaign(proxy, jobs, sizing["engine"], work / "campaign", progress=False, on_job=keep_manifest)
+    shutil.copy(work / "campaign" / "manifest.json", RESULTS / "manifest.json")
+    print(f"ran {len(result.ran)}, reused {len(result.skipped)}, failed {len(result.failed)}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", default=str(ROOT / "runs" / "campaign-v2"))
+    ap.add_argument("--stages", default="proxy,measure,run")
+    ap.add_argument("--budget-h", type=float, default=8.0)
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    stages = set(args.stages.split(","))
+    proxy = stage_proxy(work)
+    if "measure" in stages or "run" in stages:
+        sizing = stage_measure(proxy, work, args.budget_h, args.threads, args.steps)
+    if "run" in stages:
+        stage_run(proxy, work, sizing, args.steps)
+
+
+if __name__ == "__main__":
+    main()
