@@ -15,8 +15,10 @@ For each fingerprint, over the canonical metrics the fingerprint and the run sha
   median, so without this term an omitted update reads as a quiet healthy run;
 - **magnitude** — the level-shift ratio, a light term (proxy and production scales differ).
 
-The weighted mean (weights in :data:`WEIGHTS`) is multiplied by a coverage factor (a run that logs
-only some of the affected metrics cannot match fully), giving a score in [0, 1]. A class scores
+Each part is a small function registered in :data:`PART_SCORERS`; every weight and constant they
+use is a field of :class:`Weights` (defaults in :data:`WEIGHTS`). The weighted mean of the parts is
+multiplied by a coverage factor (a run that logs only some of the affected metrics cannot match
+fully), giving a score in [0, 1]. A class scores
 as its best fingerprint. ``strong`` means score ≥ the library's calibrated threshold.
 
 Partial runs work as they are: the effect traces are shorter and fingerprint traces are truncated
@@ -26,7 +28,7 @@ to the same length before DTW.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +44,11 @@ from moeproxy.signatures.vocabulary import CONTROL_METRICS, DEFAULT_ALIASES, Met
 
 @dataclass(frozen=True)
 class Weights:
+    """Every number the matcher scores with: the weight of each part of a metric's score, and the
+    constants inside the parts. Part scores run from 0 (disagrees) to 1 (agrees); those two ends are
+    the scale, not tunable, and are written as 0.0 and 1.0 where they are used."""
+
+    # weights of the parts (docs/signatures.md, section 4, "weight" column)
     direction_affected: float = 1.0
     direction_unaffected: float = 0.1
     surprise_change: float = 1.0  # an "unaffected" metric that changed in the run
@@ -55,7 +62,19 @@ class Weights:
     volatility: float = 1.0
     direction_flat_affected: float = 0.2  # an affected metric expected flat: its spread or trend
     # is the evidence, agreeing on "no change" says little
+    # constants inside the parts
     shape_sharpness: float = 1.0  # s_shape = exp(-sharpness * dtw^2 / length)
+    shape_min_post_points: int = 2  # run points after the onset needed before shapes are compared
+    direction_missed_floor: float = 0.25  # an expected change the run does not show, by a fingerprint
+    # whose runs all showed it; it rises to 1 as the share of its runs that showed it falls
+    direction_surprise_score: float = 0.15  # a metric expected flat that changed
+    trend_one_flat_score: float = 0.3  # post-onset trends where one of run and fingerprint is flat
+    timing_no_onset_score: float = 0.3  # an affected metric with an expected lag but no onset in the run
+    timing_tau_min: float = 2.0  # s_time = exp(-|lag - expected| / tau), tau = max(min, per_spread * spread)
+    timing_tau_per_spread: float = 2.0
+    nonfinite_expected_rate: float = 0.5  # share of the fingerprint's runs with NaN/inf to expect them
+    freeze_expected_rate: float = 0.5  # share of the fingerprint's runs that froze the metric to score it
+    coverage_floor: float = 0.5  # score = raw * (floor + (1 - floor) * coverage)
 
 
 WEIGHTS = Weights()
@@ -164,7 +183,7 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
             by_class[fp.fault_class] = s
     thr = library.calibration.strong_threshold
     ranked = sorted(by_class.values(), key=lambda s: (-s.score, s.fingerprint.fault_class))
-    candidates = tuple(_candidate(sig, s, thr) for s in ranked)
+    candidates = tuple(_candidate(sig, s, thr, weights) for s in ranked)
     change_points = {m.source: m.onset_step for m in sig.metrics.values() if m.onset_step is not None}
     return TriageResult(
         run_id=run_id,
@@ -220,7 +239,7 @@ def score_fingerprint(sig: RunSignature, fp: Fingerprint, library: FingerprintLi
             den += w
     raw = num / den if den > 0 else 0.0
     coverage = cover_have / cover_all if cover_all > 0 else 0.0
-    score = raw * (0.5 + 0.5 * coverage)
+    score = raw * (weights.coverage_floor + (1.0 - weights.coverage_floor) * coverage)
     return FingerprintScore(fp, float(np.clip(score, 0.0, 1.0)), tuple(matches), onset, coverage)
 
 
@@ -247,79 +266,162 @@ def class_onset(sig: RunSignature, fp: Fingerprint) -> int | None:
     return int(np.clip(round(v[min(k, v.size - 1)]), 0, sig.steps.size - 1))
 
 
-def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation, fp: Fingerprint,
-                  onset: int | None, w: Weights) -> tuple[list[tuple[float, float]], MetricMatch]:
-    parts: list[tuple[float, float]] = []
-    # direction
+@dataclass(frozen=True)
+class MetricContext:
+    """What a part-scorer sees: one metric of the run and the fingerprint's expectation of it."""
+
+    sig: RunSignature
+    ms: MetricSignature
+    exp: MetricExpectation
+    fp: Fingerprint
+    onset: int | None  # the class onset in the run (None: not aligned, or no onset found)
+    w: Weights
+
+
+@dataclass(frozen=True)
+class Part:
+    """One term of a metric's score: weight, score in [0, 1], and further :class:`MetricMatch`
+    fields it explains (the DTW distance behind a shape score, the lag behind a timing score)."""
+
+    weight: float
+    score: float
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartScorer:
+    """A registered part: ``score`` returns a :class:`Part`, or None where it does not apply to
+    this metric; ``match_field`` is the :class:`MetricMatch` field that records the score."""
+
+    score: Callable[[MetricContext], Part | None]
+    match_field: str | None = None
+
+
+#: name -> part-scorer, in the order the parts are summed. Adding a part is adding an entry.
+PART_SCORERS: dict[str, PartScorer] = {}
+
+
+def register_part(name: str, *, match_field: str | None = None):
+    def add(fn: Callable[[MetricContext], Part | None]) -> Callable[[MetricContext], Part | None]:
+        PART_SCORERS[name] = PartScorer(fn, match_field)
+        return fn
+
+    return add
+
+
+@register_part("direction", match_field="direction_score")
+def direction_part(c: MetricContext) -> Part:
+    exp, ms, w = c.exp, c.ms, c.w
     if exp.direction != 0:
         # A change the proxy runs showed in only some seeds is missed at a smaller cost.
-        missed = 0.25 + 0.75 * (1.0 - exp.agreement)
-        s_dir = 1.0 if ms.direction == exp.direction else (missed if ms.direction == 0 else 0.0)
-        w_dir = w.direction_affected if exp.affected else w.direction_unaffected
+        missed = w.direction_missed_floor + (1.0 - w.direction_missed_floor) * (1.0 - exp.agreement)
+        score = 1.0 if ms.direction == exp.direction else (missed if ms.direction == 0 else 0.0)
+        return Part(w.direction_affected if exp.affected else w.direction_unaffected, score)
+    score = 1.0 if ms.direction == 0 else w.direction_surprise_score
+    if ms.direction != 0:
+        weight = w.control_surprise if ms.name in CONTROL_METRICS else w.surprise_change
     else:
-        s_dir = 1.0 if ms.direction == 0 else 0.15
-        surprise = w.control_surprise if ms.name in CONTROL_METRICS else w.surprise_change
-        w_dir = surprise if ms.direction != 0 else (
-            w.direction_flat_affected if exp.affected else w.direction_unaffected)
-    parts.append((w_dir, s_dir))
-    # non-finite events
-    s_nf = None
-    if exp.nonfinite_rate >= 0.5 or ms.has_nonfinite:
-        s_nf = 1.0 if ms.has_nonfinite == (exp.nonfinite_rate >= 0.5) else 0.0
-        parts.append((w.nonfinite, s_nf))
-    # freeze events: scored by how often the fingerprint's runs froze the metric, so a metric that
-    # freezes now and then in healthy runs (pg_clipfrac stuck at 0 under a small LR) costs little
-    s_fr = None
-    if exp.freeze_rate >= 0.5 or ms.frozen:
-        s_fr = exp.freeze_rate if ms.frozen else 1.0 - exp.freeze_rate
-        parts.append((w.freeze, s_fr))
-    # shape and timing (aligned fingerprints only)
-    s_shape = d_min = s_time = None
-    lag = None
-    if exp.affected and fp.aligned:
-        if onset is None:
-            if exp.traces:
-                s_shape = 0.0
-                parts.append((w.shape, 0.0))
-        else:
-            if exp.traces:
-                s_shape, d_min = _shape_score(sig, ms.name, onset, exp, fp.trace_pre, w)
-                if s_shape is not None:
-                    parts.append((w.shape, s_shape))
-            if exp.onset_lag is not None:
-                if ms.event_index is not None:
-                    lag = ms.event_index - onset
-                    tau = max(2.0, 2.0 * exp.onset_lag_spread)
-                    s_time = math.exp(-abs(lag - exp.onset_lag) / tau)
-                else:
-                    s_time = 0.3
-                parts.append((w.timing, s_time))
-    # post-onset trend of an affected metric (a frozen KL vs a growing one)
-    if exp.affected and (exp.trend != 0 or ms.trend != 0):
-        s_trend = 1.0 if ms.trend == exp.trend else (0.3 if 0 in (ms.trend, exp.trend) else 0.0)
-        parts.append((w.trend, s_trend))
-    # spread around the class onset (a metric that freezes or starts to spike)
-    s_vol = None
-    if exp.affected and exp.log10_volatility is not None and onset is not None:
-        vol = sig.volatility(ms.name, onset)
-        if vol is not None:
-            s_vol = math.exp(-abs(vol - exp.log10_volatility))
-            parts.append((w.volatility, s_vol))
-    # magnitude
-    s_mag = None
-    if exp.affected and exp.log10_ratio is not None and ms.ratio is not None and ms.ratio > 0 and exp.direction:
-        s_mag = math.exp(-abs(math.log10(ms.ratio) - exp.log10_ratio))
-        parts.append((w.magnitude, s_mag))
-    match = MetricMatch(ms.name, ms.source, exp.affected, exp.direction, ms.direction, s_dir, s_shape, d_min,
-                        s_time, exp.onset_lag, lag, s_nf, s_fr, s_mag, s_vol)
-    return parts, match
+        weight = w.direction_flat_affected if exp.affected else w.direction_unaffected
+    return Part(weight, score)
+
+
+@register_part("nonfinite", match_field="nonfinite_score")
+def nonfinite_part(c: MetricContext) -> Part | None:
+    expected = c.exp.nonfinite_rate >= c.w.nonfinite_expected_rate
+    if not (expected or c.ms.has_nonfinite):
+        return None
+    return Part(c.w.nonfinite, 1.0 if c.ms.has_nonfinite == expected else 0.0)
+
+
+@register_part("freeze", match_field="freeze_score")
+def freeze_part(c: MetricContext) -> Part | None:
+    # Scored by how often the fingerprint's runs froze the metric, so a metric that freezes now
+    # and then in healthy runs (pg_clipfrac stuck at 0 under a small LR) costs little.
+    rate = c.exp.freeze_rate
+    if not (rate >= c.w.freeze_expected_rate or c.ms.frozen):
+        return None
+    return Part(c.w.freeze, rate if c.ms.frozen else 1.0 - rate)
+
+
+def _aligned_affected(c: MetricContext) -> bool:
+    """Shape and timing compare traces aligned on the class onset: affected metrics of aligned
+    fingerprints only."""
+    return c.exp.affected and c.fp.aligned
+
+
+@register_part("shape", match_field="shape_score")
+def shape_part(c: MetricContext) -> Part | None:
+    if not (_aligned_affected(c) and c.exp.traces):
+        return None
+    if c.onset is None:  # a fault with an expected shape and no onset in the run
+        return Part(c.w.shape, 0.0)
+    score, d_min = _shape_score(c.sig, c.ms.name, c.onset, c.exp, c.fp.trace_pre, c.w)
+    return None if score is None else Part(c.w.shape, score, {"dtw_distance": d_min})
+
+
+@register_part("timing", match_field="timing_score")
+def timing_part(c: MetricContext) -> Part | None:
+    exp, w = c.exp, c.w
+    if not _aligned_affected(c) or c.onset is None or exp.onset_lag is None:
+        return None
+    if c.ms.event_index is None:
+        return Part(w.timing, w.timing_no_onset_score)
+    lag = c.ms.event_index - c.onset
+    tau = max(w.timing_tau_min, w.timing_tau_per_spread * exp.onset_lag_spread)
+    return Part(w.timing, math.exp(-abs(lag - exp.onset_lag) / tau), {"observed_lag": lag})
+
+
+@register_part("trend")
+def trend_part(c: MetricContext) -> Part | None:
+    """Post-onset trend of an affected metric (a frozen KL vs a growing one)."""
+    run, expected = c.ms.trend, c.exp.trend
+    if not c.exp.affected or (expected == 0 and run == 0):
+        return None
+    score = 1.0 if run == expected else (c.w.trend_one_flat_score if 0 in (run, expected) else 0.0)
+    return Part(c.w.trend, score)
+
+
+@register_part("volatility", match_field="volatility_score")
+def volatility_part(c: MetricContext) -> Part | None:
+    """Spread around the class onset (a metric that freezes or starts to spike)."""
+    if not c.exp.affected or c.exp.log10_volatility is None or c.onset is None:
+        return None
+    vol = c.sig.volatility(c.ms.name, c.onset)
+    if vol is None:
+        return None
+    return Part(c.w.volatility, math.exp(-abs(vol - c.exp.log10_volatility)))
+
+
+@register_part("magnitude", match_field="magnitude_score")
+def magnitude_part(c: MetricContext) -> Part | None:
+    exp, ratio = c.exp, c.ms.ratio
+    if not (exp.affected and exp.log10_ratio is not None and ratio is not None and ratio > 0 and exp.direction):
+        return None
+    return Part(c.w.magnitude, math.exp(-abs(math.log10(ratio) - exp.log10_ratio)))
+
+
+def _metric_parts(sig: RunSignature, ms: MetricSignature, exp: MetricExpectation, fp: Fingerprint,
+                  onset: int | None, w: Weights) -> tuple[list[tuple[float, float]], MetricMatch]:
+    """The (weight, score) of every registered part that applies, and the metric's match record."""
+    context = MetricContext(sig, ms, exp, fp, onset, w)
+    parts: list[tuple[float, float]] = []
+    recorded: dict[str, Any] = {"direction_score": None, "expected_lag": exp.onset_lag}
+    for scorer in PART_SCORERS.values():
+        part = scorer.score(context)
+        if part is None:
+            continue
+        parts.append((part.weight, part.score))
+        if scorer.match_field is not None:
+            recorded[scorer.match_field] = part.score
+        recorded.update(part.details)
+    return parts, MetricMatch(ms.name, ms.source, exp.affected, exp.direction, ms.direction, **recorded)
 
 
 def _shape_score(sig: RunSignature, name: str, onset: int, exp: MetricExpectation, pre: int,
                  w: Weights) -> tuple[float | None, float | None]:
     trace = sig.effect_trace(name, onset, pre=pre)
     n = min(trace.size, min(len(t) for t in exp.traces))
-    if n < pre + 2:  # too little of the run after the onset to compare shapes
+    if n < pre + w.shape_min_post_points:  # too little of the run after the onset to compare shapes
         return None, None
     q = dtw.znorm(trace[:n])
     d = float(dtw.one_to_many(q, _reference_stack(exp, n), radius=dtw.band_radius(n)).min())
@@ -339,11 +441,11 @@ def _reference_stack(exp: MetricExpectation, n: int) -> np.ndarray:
 # evidence in plain words
 
 
-def _candidate(sig: RunSignature, s: FingerprintScore, threshold: float) -> Candidate:
+def _candidate(sig: RunSignature, s: FingerprintScore, threshold: float, weights: Weights) -> Candidate:
     fp = s.fingerprint
     strength = "strong" if s.score >= threshold else "weak"
     onset_step = None if s.onset_index is None else int(sig.steps[s.onset_index])
-    return Candidate(fp.fault_class, fp.family, s.score, strength, tuple(evidence(sig, s)), fp.id,
+    return Candidate(fp.fault_class, fp.family, s.score, strength, tuple(evidence(sig, s, weights=weights)), fp.id,
                      onset_step, s.matches)
 
 
@@ -380,7 +482,7 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}" if x < 1000 else f"{x:.2e}"
 
 
-def evidence(sig: RunSignature, s: FingerprintScore, *, limit: int = 4) -> list[str]:
+def evidence(sig: RunSignature, s: FingerprintScore, *, limit: int = 4, weights: Weights = WEIGHTS) -> list[str]:
     fp = s.fingerprint
     lines: list[str] = []
     agree = [m for m in s.matches if m.affected and m.observed_direction is not None
@@ -394,7 +496,7 @@ def evidence(sig: RunSignature, s: FingerprintScore, *, limit: int = 4) -> list[
         if len(lines) >= limit - 1:
             break
     lines.append(_summary(fp, s))
-    contrary = [m for m in s.matches if m.observed_direction is not None and (m.direction_score or 0) <= 0.15]
+    contrary = [m for m in s.matches if m.observed_direction is not None and (m.direction_score or 0) <= weights.direction_surprise_score]
     for m in contrary[:2]:
         seen = describe_metric(sig.metrics[m.metric]) or f"{m.source} did not change"
         lines.append(f"against {fp.fault_class}: {seen} (expected {_dir_word(m.expected_direction)})")
