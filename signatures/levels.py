@@ -1,0 +1,286 @@
+"""Whole-run evidence: what a run shows on its own, without a clean stretch before a fault.
+
+A configuration fault (an LR ×100, a KL coefficient of 0) is there from step 0, so a run has no
+"before" to compare with and the change-point view of :mod:`.features` sees nothing. These rules
+read the whole run instead: levels of scale-free metrics against documented healthy ranges, and
+the run's trends against what a healthy RL run does (reward rises, entropy falls slowly, KL grows
+slowly). Each rule cites where its range comes from (:data:`SOURCES`, listed in
+docs/signatures.md); each finding says which fault classes it supports.
+
+A setting (the learning rate) is evidence only as a *level from step 0* against the ranges the
+cited recipes use, never by moving: warm-up and decay are schedules, and a schedule is normal.
+
+Pure: numpy over a :class:`~moeproxy.signatures.canonical.CanonicalRun`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from moeproxy.signatures.canonical import CanonicalRun, CanonicalSeries
+
+#: Where each range comes from (docs/signatures.md, "Whole-run evidence").
+SOURCES: dict[str, str] = {
+    "verl-faq": "verl FAQ, 'Missmatch between inference and training sequence': training/rollout_probs_diff_mean "
+                "is normally below 0.005; above 0.01 indicates a precision issue of the inference engine "
+                "(https://github.com/volcengine/verl/blob/main/docs/faq/faq.rst)",
+    "ratio-definition": "the importance ratio pi_train/pi_rollout is exactly 1 when rollout and trainer hold the same "
+                        "policy (the definition; verl's rollout correction and TRL's importance sampling both log it)",
+    "no-gradient": "a gradient norm of exactly 0 means the optimizer step changed nothing (the definition)",
+    "nonfinite": "SPEC section 3, gradient_overflow: NaN/inf in the loss or the gradient norm",
+    "rl-lr": "RL learning rates of the public recipes: TRL GRPOConfig learning_rate default 1e-6; verl's GRPO and "
+             "PPO examples use actor_rollout_ref.actor.optim.lr=1e-6 (LLM scale; an LR 100x above is the "
+             "reported misconfiguration of SPEC section 3)",
+    "healthy-dynamics": "SPEC section 3, healthy: reward rising, entropy falling, KL to the reference growing slowly",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One whole-run observation: which rule, on which metric, the value, and what it supports."""
+
+    rule: str
+    metric: str
+    source_name: str  # the name the run logged the metric under
+    value: float
+    threshold: float
+    supports: tuple[str, ...]  # fault classes this is evidence for
+    text: str
+    source: str  # key of SOURCES
+
+    @property
+    def abnormal(self) -> bool:
+        """Every finding is evidence against ``healthy``."""
+        return True
+
+
+Rule = Callable[[CanonicalRun], list[Finding]]
+RULES: dict[str, Rule] = {}
+
+
+def rule(name: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        RULES[name] = fn
+        return fn
+
+    return register
+
+
+def whole_run_evidence(run: CanonicalRun, *, rules: Sequence[str] | None = None) -> list[Finding]:
+    """Every registered rule (or the named ones) over the run, in registry order."""
+    out: list[Finding] = []
+    for name, fn in RULES.items():
+        if rules is None or name in rules:
+            out += fn(run)
+    return out
+
+
+def _finite(series: CanonicalSeries) -> np.ndarray:
+    return series.values[series.observed & ~series.nonfinite]
+
+
+# --- levels against documented ranges --------------------------------------------------------------
+
+#: verl FAQ: normal below 0.005, a problem above 0.01 (probability space, verl's own metric only:
+#: TRL's sampling_logp_difference is in log space and has no published range).
+PROBS_DIFF_PROBLEM = 0.01
+MISMATCH_CLASSES = ("rollout_logp_precision", "operator_numeric_noise", "stale_weight_sync", "routing_mismatch")
+
+
+@rule("rollout_mismatch_level")
+def _rollout_mismatch(run: CanonicalRun) -> list[Finding]:
+    s = run.metrics.get("rollout_train_logp_diff")
+    if s is None or s.source != "training/rollout_probs_diff_mean":
+        return []
+    v = _finite(s)
+    if v.size < 3:
+        return []
+    level = float(np.median(v[v.size // 2:]))  # the second half: a late onset still counts
+    if level <= PROBS_DIFF_PROBLEM:
+        return []
+    return [Finding("rollout_mismatch_level", "rollout_train_logp_diff", s.source, level, PROBS_DIFF_PROBLEM,
+                    MISMATCH_CLASSES, f"{s.source} median {level:.3g} over the second half of the run, above "
+                    f"{PROBS_DIFF_PROBLEM} (verl's FAQ: normal < 0.005, > 0.01 a rollout precision problem)",
+                    "verl-faq")]
+
+
+#: How far the mean importance ratio may sit from 1 before it says the two policies differ.
+RATIO_TOLERANCE = 0.05
+
+
+@rule("importance_ratio_level")
+def _importance_ratio(run: CanonicalRun) -> list[Finding]:
+    s = run.metrics.get("importance_ratio")
+    if s is None:
+        return []
+    v = _finite(s)
+    if v.size < 3:
+        return []
+    level = float(np.median(v[v.size // 2:]))
+    if abs(level - 1.0) <= RATIO_TOLERANCE:
+        return []
+    return [Finding("importance_ratio_level", "importance_ratio", s.source, level, RATIO_TOLERANCE,
+                    MISMATCH_CLASSES, f"{s.source} median {level:.3g} over the second half, more than "
+                    f"{RATIO_TOLERANCE} from 1: rollout and trainer policies differ", "ratio-definition")]
+
+
+#: Consecutive steps of an exactly-zero gradient norm that count as "no update".
+ZERO_GRAD_RUN = 3
+
+
+@rule("grad_norm_zero")
+def _grad_norm_zero(run: CanonicalRun) -> list[Finding]:
+    s = run.metrics.get("grad_norm")
+    if s is None:
+        return []
+    zero = (s.values == 0.0) & s.observed & ~s.nonfinite
+    longest = _longest_true(zero)
+    if longest < ZERO_GRAD_RUN:
+        return []
+    first = int(run.steps[int(np.argmax(zero))])
+    return [Finding("grad_norm_zero", "grad_norm", s.source, float(longest), ZERO_GRAD_RUN,
+                    ("actor_update_omission",), f"{s.source} exactly 0 for {longest} steps in a row (first at "
+                    f"step {first}): no update reached the policy", "no-gradient")]
+
+
+#: Metrics whose non-finite values are the overflow signature (SPEC section 3).
+NONFINITE_METRICS = ("grad_norm", "pg_loss", "kl", "entropy")
+
+
+@rule("nonfinite")
+def _nonfinite(run: CanonicalRun) -> list[Finding]:
+    hits = [(m, run.metrics[m]) for m in NONFINITE_METRICS if m in run.metrics and run.metrics[m].has_nonfinite]
+    if not hits:
+        return []
+    m, s = min(hits, key=lambda h: h[1].first_nonfinite_index())
+    step = run.first_nonfinite_step(m)
+    count = int(s.nonfinite.sum())
+    return [Finding("nonfinite", m, s.source, float(count), 0.0, ("gradient_overflow",),
+                    f"{s.source} non-finite from step {step} ({count} steps)", "nonfinite")]
+
+
+#: 100x the recipes' 1e-6 (SOURCES["rl-lr"]): the LR multiplier of SPEC section 3.
+LR_FAR_ABOVE_RECIPES = 1e-4
+
+
+@rule("lr_level")
+def _lr_level(run: CanonicalRun) -> list[Finding]:
+    s = run.metrics.get("lr")
+    if s is None:
+        return []
+    v = _finite(s)
+    if v.size == 0:
+        return []
+    peak = float(v.max())  # the schedule's peak: warm-up and decay do not count
+    if peak <= LR_FAR_ABOVE_RECIPES:
+        return []
+    return [Finding("lr_level", "lr", s.source, peak, LR_FAR_ABOVE_RECIPES, ("lr_misconfiguration",),
+                    f"{s.source} peaks at {peak:.3g}, over 100x the 1e-6 of the public RL recipes", "rl-lr")]
+
+
+# --- trends against a healthy run ----------------------------------------------------------------
+
+#: A run shorter than this says too little about its trends.
+MIN_TREND_STEPS = 40
+
+
+@rule("reward_never_rises")
+def _reward_never_rises(run: CanonicalRun) -> list[Finding]:
+    s = run.metrics.get("reward_mean")
+    if s is None:
+        return []
+    v = _finite(s)
+    if v.size < MIN_TREND_STEPS:
+        return []
+    q = v.size // 4
+    first, last = float(np.mean(v[:q])), float(np.mean(v[-q:]))
+    spread = float(np.std(v[:q])) + 1e-12
+    rise = (last - first) / spread  # in the early steps' own noise
+    if rise > 0.5:
+        return []
+    return [Finding("reward_never_rises", "reward_mean", s.source, rise, 0.5,
+                    ("actor_update_omission", "reward_fault", "lr_misconfiguration"),
+                    f"{s.source} does not rise over the run (last quarter {last:.3g} vs first {first:.3g}; "
+                    "a healthy run's reward rises)", "healthy-dynamics")]
+
+
+#: Entropy below this share of its start is a collapse; above this multiple, an explosion.
+ENTROPY_COLLAPSE = 0.1
+ENTROPY_EXPLOSION = 3.0
+
+
+@rule("entropy_extreme")
+def _entropy_extreme(run: CanonicalRun) -> list[Finding]:
+    s = run.metrics.get("entropy")
+    if s is None:
+        return []
+    v = _finite(s)
+    if v.size < MIN_TREND_STEPS:
+        return []
+    q = max(3, v.size // 10)
+    start, end = float(np.median(v[:q])), float(np.median(v[-q:]))
+    if start <= 0:
+        return []
+    ratio = end / start
+    if ENTROPY_COLLAPSE <= ratio <= ENTROPY_EXPLOSION:
+        return []
+    word = "collapsed" if ratio < ENTROPY_COLLAPSE else "exploded"
+    supports = ("lr_misconfiguration", "kl_misconfiguration") if word == "collapsed" else (
+        "lr_misconfiguration", "kl_misconfiguration", "rollout_logp_precision")
+    return [Finding("entropy_extreme", "entropy", s.source, ratio,
+                    ENTROPY_COLLAPSE if word == "collapsed" else ENTROPY_EXPLOSION, supports,
+                    f"{s.source} {word}: ×{ratio:.3g} of its start by the end of the run", "healthy-dynamics")]
+
+
+#: KL to the reference that ends this many times above its early level, growing geometrically.
+KL_BLOWUP = 100.0
+
+
+@rule("kl_blowup")
+def _kl_blowup(run: CanonicalRun) -> list[Finding]:
+    s = run.metrics.get("kl")
+    if s is None:
+        return []
+    v = np.abs(_finite(s))
+    if v.size < MIN_TREND_STEPS:
+        return []
+    q = max(3, v.size // 10)
+    early = float(np.median(v[:q])) + 1e-9
+    late = float(np.median(v[-q:]))
+    growth = late / early
+    if growth < KL_BLOWUP:
+        return []
+    return [Finding("kl_blowup", "kl", s.source, growth, KL_BLOWUP, ("kl_misconfiguration", "lr_misconfiguration"),
+                    f"{s.source} grows ×{growth:.3g} over the run (a healthy run's KL grows slowly)",
+                    "healthy-dynamics")]
+
+
+#: A share of responses cut at the maximum length that a healthy run does not hold for long.
+LENGTH_PINNED = 0.5
+
+
+@rule("length_pinned")
+def _length_pinned(run: CanonicalRun) -> list[Finding]:
+    s = run.metrics.get("length_clip_ratio")
+    if s is None:
+        return []
+    v = _finite(s)
+    if v.size < 10:
+        return []
+    level = float(np.median(v[v.size // 2:]))
+    if level < LENGTH_PINNED:
+        return []
+    return [Finding("length_pinned", "length_clip_ratio", s.source, level, LENGTH_PINNED,
+                    ("kl_misconfiguration", "lr_misconfiguration", "reward_fault"),
+                    f"{s.source} median {level:.0%} over the second half: responses run to the maximum length",
+                    "healthy-dynamics")]
+
+
+def _longest_true(mask: np.ndarray) -> int:
+    best = cur = 0
+    for x in mask:
+        cur = cur + 1 if x else 0
+        best = max(best, cur)
+    return best

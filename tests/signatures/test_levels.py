@@ -1,0 +1,95 @@
+"""Whole-run evidence (signatures/levels.py): a healthy run with a schedule shows nothing; each
+rule fires on the run that breaks its documented range, from step 0, with no clean baseline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from moeproxy.signatures.canonical import RunMetrics, canonicalise
+from moeproxy.signatures.levels import RULES, SOURCES, whole_run_evidence
+
+N = 200
+
+
+def _healthy_trl(seed: int = 0, **override) -> dict[str, np.ndarray]:
+    """A TRL GRPO run as practitioners report a good one: reward rising to a plateau, entropy
+    slowly falling, KL growing slowly, LR warm-up then linear decay (TRL's default schedule)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(N)
+    lr = np.where(t < 10, 1e-6 * (t + 1) / 10, 1e-6 * (N - t) / (N - 10))
+    cols = {
+        "reward": 0.3 + 0.4 * (1 - np.exp(-t / 60)) + rng.normal(0, 0.03, N),
+        "entropy": 0.9 - 0.3 * t / N + rng.normal(0, 0.01, N),
+        "kl": 0.001 + 0.02 * t / N + np.abs(rng.normal(0, 0.001, N)),
+        "learning_rate": lr,
+        "grad_norm": 0.5 + rng.normal(0, 0.05, N),
+        "completions/mean_length": 200 + 40 * t / N + rng.normal(0, 5, N),
+        "completions/clipped_ratio": np.clip(0.02 + rng.normal(0, 0.01, N), 0, 1),
+        "sampling/importance_sampling_ratio/mean": 1.0 + rng.normal(0, 0.005, N),
+    }
+    cols.update(override)
+    return cols
+
+
+def _run(cols: dict[str, np.ndarray], framework: str = "trl"):
+    steps = [{"step": k + 1, "values": {m: float(v[k]) for m, v in cols.items()}} for k in range(N)]
+    return canonicalise(RunMetrics.from_steps(steps, framework=framework))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_healthy_run_with_warm_up_and_linear_decay_shows_nothing(seed):
+    assert whole_run_evidence(_run(_healthy_trl(seed))) == []
+
+
+def _rules(cols, framework="trl") -> set[str]:
+    return {f.rule for f in whole_run_evidence(_run(cols, framework))}
+
+
+def test_an_lr_a_hundred_times_the_recipes_from_step_0_is_evidence_a_schedule_is_not():
+    base = _healthy_trl()
+    assert "lr_level" in _rules({**base, "learning_rate": base["learning_rate"] * 300})
+    assert "lr_level" not in _rules({**base, "learning_rate": base["learning_rate"] * 30})
+
+
+def test_verls_rollout_mismatch_range_applies_to_verls_metric_only():
+    t = np.arange(N)
+    verl = {"critic/score/mean": 0.3 + 0.3 * t / N, "training/rollout_probs_diff_mean": np.full(N, 0.02)}
+    found = whole_run_evidence(_run(verl, "verl"))
+    mismatch = [f for f in found if f.rule == "rollout_mismatch_level"]
+    assert mismatch and "rollout_logp_precision" in mismatch[0].supports
+    assert not [f for f in whole_run_evidence(_run({**verl, "training/rollout_probs_diff_mean": np.full(N, 0.003)},
+                                                   "verl")) if f.rule == "rollout_mismatch_level"]
+    # TRL's log-space difference has no published range: not judged against verl's.
+    trl = {**_healthy_trl(), "sampling/sampling_logp_difference/mean": np.full(N, 0.02)}
+    assert "rollout_mismatch_level" not in _rules(trl)
+
+
+def test_each_fault_from_step_0_leaves_its_finding():
+    base = _healthy_trl()
+    t = np.arange(N)
+    cases = {
+        "grad_norm_zero": {"grad_norm": np.zeros(N), "reward": np.full(N, 0.3)},
+        "nonfinite": {"grad_norm": np.where(t >= 150, math.nan, 0.5)},
+        "reward_never_rises": {"reward": 0.3 + np.random.default_rng(1).normal(0, 0.03, N)},
+        "kl_blowup": {"kl": 0.001 * np.exp(t / 25)},
+        "length_pinned": {"completions/clipped_ratio": np.full(N, 0.8)},
+        "entropy_extreme": {"entropy": 0.9 * np.exp(-t / 30)},
+        "importance_ratio_level": {"sampling/importance_sampling_ratio/mean": np.full(N, 1.3)},
+    }
+    for name, override in cases.items():
+        assert name in _rules({**base, **override}), name
+
+
+def test_every_rule_cites_a_source_that_the_docs_list():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "signatures.md").read_text()
+    run = _run({**_healthy_trl(), "grad_norm": np.zeros(N), "learning_rate": np.full(N, 1e-3),
+                "kl": 0.001 * np.exp(np.arange(N) / 25)})
+    found = whole_run_evidence(run)
+    assert found and all(f.source in SOURCES for f in found)
+    for name in RULES:
+        assert f"`{name}`" in docs, name
+    assert "verl/blob/main/docs/faq/faq.rst" in docs
