@@ -1,11 +1,13 @@
 """Per-architecture facts the builder needs (SPEC section 2), one short entry each.
 
-Everything the statistics hooks and the checkpoint surgery need to know about an
-architecture lives here and nowhere else: where its MoE blocks sit on disk and in
-memory, which config keys hold the expert count, top-k and group-routing
-settings, which router tensors are sliced per expert, and which layers are MoE.
-Parameter counting has its own table in :mod:`moeproxy.proxy_builder.params`; a
-test checks the two agree on which layers are MoE.
+Everything any stage needs to know about an architecture lives here and nowhere
+else: where its MoE blocks sit on disk and in memory, which config keys hold the
+expert count, top-k and group-routing settings, which router tensors are sliced
+per expert, which layers are MoE (builder); which formulas count its parameters
+(planner, :mod:`moeproxy.proxy_builder.params`); which transformers router class
+and routing maths it uses and how its router scores experts (reproduction's policy,
+fidelity and reference recipes read these fields).  Adding an architecture is
+adding one entry to ``ARCHITECTURES`` (docs/proxy_builder.md shows one).
 
 Pure Python (no torch): the validation step runs before anything heavy loads.
 """
@@ -17,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moeproxy.proxy_builder.counting import gqa_attention, mla_attention, swiglu
 from moeproxy.proxy_builder.errors import InvalidPruneRequest, UnsupportedArchitecture
 
 Config = Mapping[str, Any]
@@ -47,6 +50,18 @@ class Architecture:
     model_type: str
     expert_count_keys: tuple[str, ...]  # read: first present; patched: every one present
     is_moe_layer: Callable[[Config, int], bool]
+    # Parameter counting (planner), following the transformers 5.x modules one to one.
+    attention: Callable[[Config], tuple[int, int]]  # -> (attention params, attention-internal norms)
+    routed_expert_size: Callable[[Config], int]  # parameters of one routed expert
+    # Routing at run time (reproduction): the transformers router module class, the name of
+    # the routing maths in reproduction.policy.ROUTING_MATHS, and how experts are scored
+    # ("softmax" or "sigmoid", for the load-balancing loss of the reference recipes).
+    router_class: str
+    routing: str = "softmax_topk"
+    router_scoring: str = "softmax"
+    config_class: str = ""  # transformers config class, for the reference recipes; "" = none
+    shared_experts: Callable[[Config], int] = lambda c: 0  # parameters per MoE layer
+    has_router_bias: bool = False  # e_score_correction_bias: a buffer, counted but not trained
     disk_moe_prefix: str = "model.layers.{layer}.mlp"
     # In memory (transformers 5): every supported model names its MoE block ``mlp``
     # (Mixtral included) with a ``gate`` router returning (logits, weights, ids) and
@@ -107,9 +122,34 @@ def _every_layer(cfg: Config, idx: int) -> bool:
     return True
 
 
+def _qwen3_attention(cfg: Config) -> tuple[int, int]:
+    return gqa_attention(qkv_bias_key="attention_bias", o_bias_key="attention_bias", qk_norm="head")(cfg)
+
+
+def _moe_swiglu(cfg: Config) -> int:
+    return swiglu(cfg["hidden_size"], cfg["moe_intermediate_size"])
+
+
+def _dense_swiglu(cfg: Config) -> int:
+    return swiglu(cfg["hidden_size"], cfg["intermediate_size"])
+
+
+def _deepseek_shared(cfg: Config) -> int:
+    shared = cfg.get("n_shared_experts")
+    return swiglu(cfg["hidden_size"], cfg["moe_intermediate_size"] * shared) if shared else 0
+
+
 _DEEPSEEK = {
-    "expert_count_keys": ("n_routed_experts",),
+    "expert_count_keys": ("n_routed_experts", "num_local_experts"),
     "is_moe_layer": _deepseek_is_moe_layer,
+    # MLA; the V3.2 DSA indexer is counted from index_n_heads/index_head_dim.
+    "attention": mla_attention,
+    "routed_expert_size": _moe_swiglu,
+    "shared_experts": _deepseek_shared,
+    "has_router_bias": True,
+    "router_class": "DeepseekV3TopkRouter",
+    "routing": "sigmoid_group_topk",
+    "router_scoring": "sigmoid",
     "router_vectors": ("gate.e_score_correction_bias", "gate.bias"),
     "shared_expert_prefixes": ("shared_experts",),
     "group_routing": GroupRouting(),
@@ -118,11 +158,24 @@ _DEEPSEEK = {
 
 ARCHITECTURES: dict[str, Architecture] = {
     # transformers 5.24 writes num_local_experts for Qwen3-MoE; released checkpoints carry num_experts.
-    "qwen3_moe": Architecture("qwen3_moe", ("num_experts", "num_local_experts"), _qwen_is_moe_layer),
+    "qwen3_moe": Architecture(
+        "qwen3_moe",
+        ("num_experts", "num_local_experts"),
+        _qwen_is_moe_layer,
+        attention=_qwen3_attention,
+        routed_expert_size=_moe_swiglu,
+        router_class="Qwen3MoeTopKRouter",
+        config_class="Qwen3MoeConfig",
+    ),
     "qwen2_moe": Architecture(
         "qwen2_moe",
         ("num_experts", "num_local_experts"),
         _qwen_is_moe_layer,
+        attention=gqa_attention(qkv_bias_key="qkv_bias", o_bias_key=None, qk_norm=None),
+        routed_expert_size=_moe_swiglu,
+        # shared expert MLP + its sigmoid gate (Linear(H, 1), no bias)
+        shared_experts=lambda c: swiglu(c["hidden_size"], c["shared_expert_intermediate_size"]) + c["hidden_size"],
+        router_class="Qwen2MoeTopKRouter",
         shared_expert_prefixes=("shared_expert", "shared_expert_gate"),
         notes="shared expert and its sigmoid gate kept; norm_topk_prob untouched",
     ),
@@ -130,14 +183,31 @@ ARCHITECTURES: dict[str, Architecture] = {
         "mixtral",
         ("num_local_experts", "num_experts"),
         _every_layer,
+        attention=gqa_attention(qkv_bias_key="attention_bias", o_bias_key="attention_bias", qk_norm=None),
+        routed_expert_size=_dense_swiglu,
+        router_class="MixtralTopKRouter",
+        routing="softmax_topk_renorm",
         disk_moe_prefix="model.layers.{layer}.block_sparse_moe",
         notes="experts w1/w2/w3 on disk; transformers loads them as mlp.experts.*",
     ),
-    "olmoe": Architecture("olmoe", ("num_experts", "num_local_experts"), _every_layer),
-    "deepseek_v3": Architecture("deepseek_v3", **_DEEPSEEK),
-    # V3.2 = V3 + the DSA indexer (attention side): same MoE layout.
-    "deepseek_v32": Architecture("deepseek_v32", **_DEEPSEEK),
+    "olmoe": Architecture(
+        "olmoe",
+        ("num_experts", "num_local_experts"),
+        _every_layer,
+        attention=gqa_attention(qkv_bias_key="attention_bias", o_bias_key="attention_bias", qk_norm="full"),
+        routed_expert_size=_dense_swiglu,
+        router_class="OlmoeTopKRouter",
+    ),
+    "deepseek_v3": Architecture("deepseek_v3", config_class="DeepseekV3Config", **_DEEPSEEK),
+    # V3.2 = V3 + the DSA indexer (attention side): same MoE layout, same router class.
+    # Reproduction does not instrument V3.2's own DeepseekV32TopkRouter yet (router_class "").
+    "deepseek_v32": Architecture("deepseek_v32", **{**_DEEPSEEK, "router_class": ""}),
 }
+
+
+def architecture_named(model_type: str) -> Architecture:
+    """The entry for a model_type string (what the reference recipes and CLI name)."""
+    return architecture_for({"model_type": model_type})
 
 
 def architecture_for(config: Config) -> Architecture:

@@ -1,21 +1,21 @@
 """Errors raised by the proxy builder.
 
 Every error a user can cause is a ``ProxyBuildError`` (a ``ValueError``), so the
-CLI turns all of them into one clear message and a non-zero exit.  The
-builder's ``UnsupportedArchitecture`` also subclasses the planner's, so code that
-catches either one catches both.
+CLI turns all of them into one clear message and a non-zero exit.  There is
+one ``UnsupportedArchitecture``, raised by the architecture table for planner and
+builder alike; it is also a ``PlanError``, so planner callers catch it too.
 """
 
 from __future__ import annotations
 
-from moeproxy.proxy_builder.plan_errors import UnsupportedArchitecture as _PlannerUnsupportedArchitecture
+from moeproxy.proxy_builder.plan_errors import PlanError
 
 
 class ProxyBuildError(ValueError):
     """Base class: a proxy-build request that cannot be carried out."""
 
 
-class UnsupportedArchitecture(ProxyBuildError, _PlannerUnsupportedArchitecture):
+class UnsupportedArchitecture(ProxyBuildError, PlanError):
     """The checkpoint's ``model_type`` (or its key layout) has no entry in the architecture table."""
 
 

@@ -11,10 +11,6 @@ class PlanError(ValueError):
     """Base class: a planning request that cannot be answered."""
 
 
-class UnsupportedArchitecture(PlanError):
-    """The config's ``model_type`` has no entry in the planner's registry."""
-
-
 class InvalidKeepSpec(PlanError):
     """A keep request the proxy cannot have (K > E, K < top_k, ratio outside (0, 1])."""
 
@@ -29,3 +25,13 @@ class UnknownPreset(PlanError):
 
 class InvalidAssumptions(PlanError):
     """A memory-model assumption out of range (e.g. a negative byte count)."""
+
+
+def __getattr__(name: str):
+    # One UnsupportedArchitecture for planner and builder: it lives in errors.py (a
+    # ProxyBuildError and a PlanError); importing it from here still works.
+    if name == "UnsupportedArchitecture":
+        from moeproxy.proxy_builder.errors import UnsupportedArchitecture
+
+        return UnsupportedArchitecture
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moeproxy.proxy_builder.architectures import architecture_for
 from moeproxy.reproduction.formats import ResponseFormat, get_format
 from moeproxy.reproduction.tasks import (
     MAX_ANSWER_CHARS,
@@ -102,11 +103,22 @@ def load_tokenizer(path: Path | str):
     return tok
 
 
+def _architecture(model):
+    return architecture_for(model.config.to_dict())
+
+
 def moe_layers(model) -> dict[int, Any]:
-    """Decoder-layer index -> its router module, for every layer with routed experts."""
+    """Decoder-layer index -> its router module, for every layer with routed experts.
+
+    Where the MoE block sits in memory is the architecture entry's ``runtime_moe_prefix``.
+    """
+    arch = _architecture(model)
     layers = {}
-    for idx, layer in enumerate(model.model.layers):
-        mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+    for idx in range(len(model.model.layers)):
+        try:
+            mlp = model.get_submodule(arch.runtime_moe_prefix.format(layer=idx))
+        except AttributeError:
+            continue
         gate = getattr(mlp, "gate", None)
         if gate is not None and hasattr(mlp, "experts"):
             layers[idx] = gate
@@ -114,11 +126,8 @@ def moe_layers(model) -> dict[int, Any]:
 
 
 def num_routed_experts(model) -> int:
-    cfg = model.config
-    for key in ("n_routed_experts", "num_experts", "num_local_experts"):
-        if getattr(cfg, key, None):
-            return int(getattr(cfg, key))
-    raise FidelityError("config has no routed-expert count")
+    """Routed experts per MoE layer, read through the architecture entry's expert-count keys."""
+    return _architecture(model).expert_count(model.config.to_dict())
 
 
 def expert_mapping(proxy_dir: Path | str, proxy_model, original_experts: int) -> dict[int, list[int]]:

@@ -4,7 +4,8 @@ Each role (trainer, rollout engine, frozen reference) loads its own copy from th
 production frameworks do (verl's FSDP actor and its vLLM engine hold separate weights).  Every
 top-k router module is re-wired so the engine can (a) record the experts each token was sent to
 and (b) let an injector change the router logits *before* top-k on one side only.  The routing
-maths after the logits is re-stated per router family (registry below) with the same numbers as
+maths after the logits is re-stated per router family (``ROUTING_MATHS`` below; which class uses
+which comes from the architecture table, :mod:`moeproxy.proxy_builder.architectures`) with the same numbers as
 transformers 5.x: softmax → top-k (→ renormalise) for Qwen2/3-MoE, OLMoE, Mixtral; sigmoid +
 correction bias + group-limited top-k for DeepSeek-V3.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from moeproxy.proxy_builder.architectures import ARCHITECTURES
 from moeproxy.reproduction.errors import ModelLoadError
 
 #: hook(layer, logits) -> logits, applied on one copy before top-k
@@ -61,14 +63,18 @@ class RouterFamily:
     fp32_logits: bool = False  # DeepSeek-V3 computes its router logits in fp32
 
 
-#: router module class name -> how it turns logits into a top-k choice
-ROUTER_FAMILIES: dict[str, RouterFamily] = {
-    "Qwen3MoeTopKRouter": RouterFamily(_softmax_topk),
-    "Qwen2MoeTopKRouter": RouterFamily(_softmax_topk),
-    "OlmoeTopKRouter": RouterFamily(_softmax_topk),
-    "MixtralTopKRouter": RouterFamily(_mixtral),
-    "DeepseekV3TopkRouter": RouterFamily(_deepseek_group, fp32_logits=True),
+#: routing maths by the name an architecture entry gives in ``Architecture.routing``
+ROUTING_MATHS: dict[str, RouterFamily] = {
+    "softmax_topk": RouterFamily(_softmax_topk),
+    "softmax_topk_renorm": RouterFamily(_mixtral),
+    "sigmoid_group_topk": RouterFamily(_deepseek_group, fp32_logits=True),
 }
+
+
+def router_families() -> dict[str, RouterFamily]:
+    """Router module class name -> its routing maths, read from the architecture table."""
+    return {a.router_class: ROUTING_MATHS[a.routing] for a in ARCHITECTURES.values() if a.router_class}
+
 
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
 
@@ -120,8 +126,9 @@ class Policy:
         self.router_names: list[str] = []
         self.num_experts = 0
         self.top_k = 0
+        families = router_families()
         for name, module in model.named_modules():
-            family = ROUTER_FAMILIES.get(type(module).__name__)
+            family = families.get(type(module).__name__)
             if family is None:
                 continue
             m = _LAYER_RE.search(name)
@@ -133,7 +140,7 @@ class Policy:
             self.top_k = int(module.top_k)
         if not self.moe_layers:
             raise ModelLoadError(
-                f"{type(model).__name__}: no top-k router found; supported routers: {sorted(ROUTER_FAMILIES)}"
+                f"{type(model).__name__}: no top-k router found; supported routers: {sorted(families)}"
             )
 
     # --- pieces the engine drives ------------------------------------------------------------------

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moeproxy.proxy_builder.architectures import architecture_named
 from moeproxy.reproduction.formats import CONFIG_KEY, DEFAULT_FORMAT, FORMATS, ResponseFormat, get_format
 from moeproxy.reproduction.tasks import TASKS, Example, format_prompt, iter_train
 from moeproxy.reproduction.tokenizer import VOCAB_SIZE
@@ -126,9 +127,10 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def _config_class(arch: str):
-    from transformers import DeepseekV3Config, Qwen3MoeConfig
+    """The transformers config class the architecture entry names."""
+    import transformers
 
-    return {"qwen3_moe": Qwen3MoeConfig, "deepseek_v3": DeepseekV3Config}[arch]
+    return getattr(transformers, architecture_named(arch).config_class)
 
 
 def build_config(arch: str, **overrides: Any):
@@ -340,9 +342,6 @@ def _lr_at(step: int, recipe: TrainingRecipe) -> float:
     return recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * cosine)
 
 
-_SCORING = {"qwen3_moe": "softmax", "deepseek_v3": "sigmoid"}
-
-
 @dataclass
 class TrainResult:
     model: Any
@@ -384,7 +383,7 @@ def train_model(
                                                          fmt)
         out = model(input_ids=input_ids, attention_mask=attention_mask, output_router_logits=True)
         lm = answer_loss(out.logits, labels)
-        aux = balance_loss(out.router_logits, attention_mask, top_k, _SCORING[arch])
+        aux = balance_loss(out.router_logits, attention_mask, top_k, architecture_named(arch).router_scoring)
         loss = lm + recipe.aux_loss_coef * aux
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
