@@ -1,0 +1,461 @@
+"""Real TRL runs (issue 17, item 6): TRL's own ``GRPOTrainer`` on CPU, faults injected through TRL's
+own surface, every logged step posted by ``MoeproxyCallback`` to a real moeproxy server.
+
+The policy is the RL starting point ``qwen3-moe-64e-rl`` (a small Qwen3-MoE with the task suite's
+character tokenizer, trained on the reasoning format ``<t>…</t><a>…</a>``); its reference model is
+the same checkpoint, loaded by TRL itself because ``beta`` is not 0. Prompts are plain text (the
+tokenizer has no chat template) from the train split of the tasks the reference model's RL
+settings name (``rl_engine_defaults``); two reward functions, ``accuracy_reward`` and
+``format_reward``, score with the format's own parser, so TRL logs ``rewards/<function>/mean``.
+
+The runs (:data:`RUNS`), each labelled with its fault class and onset step:
+
+* ``healthy``: the settings of :func:`base_config`;
+* ``lr_x100``: ``learning_rate`` ×100 in ``GRPOConfig`` (``lr_misconfiguration``, onset 0);
+* ``reward_zero``: an ``accuracy_reward`` whose parser never matches, so it returns 0.0 for every
+  completion (``reward_fault``, onset 0);
+* ``negative_beta``: ``beta`` with its sign flipped (``kl_misconfiguration``, onset 0), when
+  ``GRPOConfig``/``GRPOTrainer`` accept it; a refusal is recorded in the manifest instead;
+* ``frozen``: every parameter ``requires_grad=False`` with the input embeddings still
+  requiring grad (what PEFT with gradient checkpointing does), so backward runs, ``grad_norm`` is 0
+  and the optimizer steps over nothing (``actor_update_omission``, onset 0);
+* ``nan_grad``: a ``TrainerCallback`` whose gradient hook turns the output layer's gradient into NaN
+  at a late step (``gradient_overflow``, onset that step). TRL does not skip a non-finite step:
+  the weights turn NaN and sampling then fails, so the trace ends there (SPEC §4).
+
+Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
+"steps": [{"step", "values"}]}``) as read back from the server's API, so it is what the service
+stored; ``OUT/manifest.json`` (versions, settings, wall time and outcome of every run) and
+``OUT/labels.json`` (``{run: {"label", "onset", "framework", "steps"}}``, steps as logged, what ``benchmarks/evalsets.py``
+reads). A run whose trace exists is skipped on restart.
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/trl_runs.py               # all runs
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/trl_runs.py --runs healthy --steps 5 --out /tmp/smoke
+
+Without ``--url``/``--token`` it serves ``moeproxy serve`` over a SQLite file in a temporary
+directory for the duration of the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "trl_runs"
+REFERENCE = "qwen3-moe-64e-rl"
+FRAMEWORK = "trl"
+#: Steps of one run: about 3.5 minutes on one CPU thread at the measured 1.0-1.5 s a step.
+DEFAULT_STEPS = 200
+#: The KL coefficient of the healthy run (TRL 1.16 defaults to 0, which loads no reference model);
+#: the value SPEC §4's list of what TRL logs was read with.
+HEALTHY_BETA = 0.04
+#: Where the NaN lands, as a share of the run (a late step).
+NAN_AT = 0.75
+
+
+# --- prompts and rewards ------------------------------------------------------------------------------
+
+def prompt_dataset(n: int, seed: int):
+    """``n`` train-split prompts of the reference model's RL tasks, with what the rewards need."""
+    from datasets import Dataset
+    from moeproxy.reproduction.reference import rl_engine_defaults
+    from moeproxy.reproduction.tasks import format_prompt, make_split
+
+    tasks = rl_engine_defaults(REFERENCE).get("tasks")
+    rows = [{"prompt": format_prompt(e), "task": e.task, "answer": e.answer}
+            for e in make_split("train", n, seed=seed, tasks=tasks)]
+    return Dataset.from_list(rows)
+
+
+def _components(prompts, completions, task, answer) -> list[dict[str, float]]:
+    from moeproxy.reproduction.formats import get_format
+    from moeproxy.reproduction.tasks import Example
+
+    fmt = get_format("reasoning")
+    return [fmt.score(Example(t, p, a), c) for p, c, t, a in zip(prompts, completions, task, answer)]
+
+
+def accuracy_reward(prompts, completions, task, answer, **_) -> list[float]:
+    """1.0 when the answer inside ``<a>…</a>`` is exactly right (formats.py)."""
+    return [c["accuracy"] for c in _components(prompts, completions, task, answer)]
+
+
+def format_reward(prompts, completions, task, answer, **_) -> list[float]:
+    """1.0 when the whole completion follows ``<t>…</t><a>…</a>`` (formats.py)."""
+    return [c["format"] for c in _components(prompts, completions, task, answer)]
+
+
+# --- the runs ------------------------------------------------------------------------------------------
+
+@dataclass
+class Setup:
+    """What one run hands to ``GRPOTrainer``; a fault edits it and returns its onset step (None for
+    the healthy run)."""
+
+    model: Any
+    steps: int
+    config: dict[str, Any]
+    reward_funcs: list[Callable] = field(default_factory=lambda: [accuracy_reward, format_reward])
+    callbacks: list[Any] = field(default_factory=list)
+
+
+def base_config(steps: int, seed: int, output_dir: str) -> dict[str, Any]:
+    """``GRPOConfig`` keyword arguments of the healthy run; TRL's defaults for everything else
+    (linear LR decay, loss ``dapo``, group-scaled rewards, one iteration per batch)."""
+    from moeproxy.reproduction.formats import get_format
+    from moeproxy.reproduction.reference import rl_engine_defaults
+
+    return {
+        "output_dir": output_dir,
+        "max_steps": steps,
+        "learning_rate": rl_engine_defaults(REFERENCE)["lr"],
+        "beta": HEALTHY_BETA,
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,  # 2 prompts x 4 completions a step
+        "max_completion_length": get_format("reasoning").max_new_tokens,
+        "temperature": 1.0,
+        "logging_steps": 1,
+        "report_to": "none",
+        "save_strategy": "no",
+        "use_cpu": True,
+        "bf16": False,
+        # TRL turns it on by default; it changes no value here, only costs a second forward on CPU.
+        # (transformers 5 calls it activation_checkpointing; the old name is a deprecated alias.)
+        "activation_checkpointing": False,
+        "seed": seed,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+
+
+def _healthy(setup: Setup) -> None:
+    return None
+
+
+def _lr_x100(setup: Setup) -> int:
+    setup.config["learning_rate"] *= 100
+    return 0
+
+
+def _reward_zero(setup: Setup) -> int:
+    def accuracy_reward(prompts, completions, **_) -> list[float]:
+        # A parser that never matches (it looks for a tag the model never writes): always 0.0.
+        return [0.0 for _c in completions]
+
+    setup.reward_funcs = [accuracy_reward, format_reward]
+    return 0
+
+
+def _negative_beta(setup: Setup) -> int:
+    setup.config["beta"] = -abs(setup.config["beta"])
+    return 0
+
+
+def _frozen_params(setup: Setup) -> int:
+    setup.model.requires_grad_(False)
+    # PEFT with gradient checkpointing keeps the embeddings' output requiring grad, so the loss
+    # still has a graph and backward runs; with the adapter frozen nothing receives a gradient.
+    setup.model.enable_input_require_grads()
+    return 0
+
+
+def nan_gradient_callback(at_step: int):
+    """A ``TrainerCallback`` that makes the backward of step ``at_step`` (1-based, as TRL logs steps)
+    give NaN for the output layer's weight, as an overflow in backward would."""
+    from transformers import TrainerCallback
+
+    class NanGradientAt(TrainerCallback):
+        def __init__(self):
+            self.handle = None
+
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            if state.global_step + 1 == at_step and self.handle is None:
+                weight = model.get_output_embeddings().weight
+                self.handle = weight.register_hook(lambda grad: grad * float("nan"))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.handle is not None:
+                self.handle.remove()
+                self.handle = None
+
+    return NanGradientAt()
+
+
+def _nan_grad(setup: Setup) -> int:
+    at = max(2, round(setup.steps * NAN_AT))
+    setup.callbacks.append(nan_gradient_callback(at))
+    return at
+
+
+@dataclass(frozen=True)
+class RunKind:
+    label: str  # the fault class (SPEC §3)
+    what: str
+    apply: Callable[[Setup], int | None]  # edits the setup, returns the onset step
+
+
+RUNS: dict[str, RunKind] = {
+    "healthy": RunKind("healthy", "nothing injected", _healthy),
+    "lr_x100": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x100", _lr_x100),
+    "reward_zero": RunKind("reward_fault", "accuracy_reward returns 0.0 for every completion", _reward_zero),
+    "negative_beta": RunKind("kl_misconfiguration", "GRPOConfig.beta with its sign flipped", _negative_beta),
+    "frozen": RunKind("actor_update_omission", "all parameters requires_grad=False, inputs require grad",
+                             _frozen_params),
+    "nan_grad": RunKind("gradient_overflow", f"NaN output-layer gradient at step round({NAN_AT} x steps)",
+                        _nan_grad),
+}
+
+
+# --- the server ----------------------------------------------------------------------------------------
+
+class LocalServer:
+    """``moeproxy serve`` over a migrated SQLite file in ``workdir``, with a token of its own."""
+
+    def __init__(self, workdir: Path):
+        from moeproxy.service.db import Database
+        from moeproxy.service.tokens import repository
+
+        from moeproxy import migrations
+
+        database_url = f"sqlite:///{workdir / 'service.db'}"
+        migrations.upgrade(database_url)
+        database = Database(database_url)
+        try:
+            with database.scope() as session:
+                self.token = repository.create_token(session, "trl-runs")[1]
+        finally:
+            database.dispose()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from moeproxy.cli import main; main()", "serve", "--port", str(port),
+             "--database-url", database_url, "--no-upgrade", "--log-level", "warning"],
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("moeproxy serve did not become ready")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+class Api:
+    def __init__(self, url: str, token: str):
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+    def run_id(self, name: str) -> int | None:
+        offset = 0
+        while True:
+            page = self.http.get("/api/v1/runs", params={"limit": 200, "offset": offset}).raise_for_status().json()
+            for run in page["runs"]:
+                if run["name"] == name:
+                    return run["id"]
+            offset += len(page["runs"])
+            if not page["runs"] or offset >= page["total"]:
+                return None
+
+    def delete(self, run_id: int) -> None:
+        self.http.delete(f"/api/v1/runs/{run_id}").raise_for_status()
+
+    def trace(self, run_id: int) -> dict[str, Any]:
+        """The run as the service stored it, in the ingest body's form (values as the API writes them)."""
+        run = self.http.get(f"/api/v1/runs/{run_id}").raise_for_status().json()
+        metrics = self.http.get(f"/api/v1/runs/{run_id}/metrics").raise_for_status().json()["metrics"]
+        by_step: dict[int, dict[str, Any]] = {}
+        for name, series in sorted(metrics.items()):
+            for step, value in zip(series["steps"], series["values"]):
+                by_step.setdefault(step, {})[name] = value
+        return {"name": run["name"], "framework": run["framework"],
+                "steps": [{"step": s, "values": by_step[s]} for s in sorted(by_step)]}
+
+
+# --- one run -------------------------------------------------------------------------------------------
+
+def versions() -> dict[str, str]:
+    import accelerate
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    return {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
+            "accelerate": accelerate.__version__, "datasets": datasets.__version__,
+            "python": platform.python_version()}
+
+
+def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k != "output_dir"}
+
+
+def run_one(key: str, *, steps: int, seed: int, api: Api, url: str, token: str, workdir: Path,
+            model_path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train one run; returns its manifest entry (``trace`` included when it reached the server).
+
+    ``model_path`` (default: the reference model) and ``overrides`` (``GRPOConfig`` arguments) let
+    the tests run the same harness on a tiny checkpoint."""
+    import torch
+    from moeproxy.reproduction.reference import reference_model_path
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOConfig, GRPOTrainer
+
+    from moeproxy.integrations import MoeproxyCallback
+
+    kind = RUNS[key]
+    hf_logging.disable_progress_bar()
+    set_seed(seed)
+    path = Path(model_path) if model_path is not None else reference_model_path(REFERENCE)
+    # Loaded here in float32 (the checkpoint is saved in bf16); TRL builds the reference model
+    # from the same path in the policy's dtype.
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    config = {**base_config(steps, seed, str(workdir / key)), **(overrides or {})}
+    setup = Setup(model=model, steps=steps, config=config)
+    onset = kind.apply(setup)
+    entry: dict[str, Any] = {"label": kind.label, "onset": onset, "framework": FRAMEWORK, "fault": kind.what,
+                             "seed": seed, "steps": steps, "config": _jsonable(setup.config),
+                             "reward_funcs": [f.__name__ for f in setup.reward_funcs]}
+    prompts_per_step = setup.config["per_device_train_batch_size"] // setup.config["num_generations"]
+    dataset = prompt_dataset(steps * prompts_per_step, seed)
+
+    run_name = f"trl-{key}-seed{seed}"
+    stale = api.run_id(run_name)
+    if stale is not None:  # an attempt that did not finish (a finished one left its trace file)
+        api.delete(stale)
+    callback = MoeproxyCallback(url, token, run_name, model=path.name, tags=["trl-runs"],
+                                flush_interval_s=0.5, spill_path=workdir / f"{key}.spill.jsonl")
+    try:
+        trainer = GRPOTrainer(model=setup.model, reward_funcs=setup.reward_funcs, args=GRPOConfig(**setup.config),
+                              train_dataset=dataset, processing_class=tokenizer,
+                              callbacks=[callback, *setup.callbacks])
+    except ValueError as exc:  # TRL refuses the setting: that is the finding
+        return {**entry, "refused": f"{type(exc).__name__}: {exc}"}
+
+    start = time.perf_counter()
+    try:
+        trainer.train()
+        entry["ended"] = "finished"
+    except Exception as exc:  # noqa: BLE001 - a fault may crash TRL (NaN weights -> sampling fails)
+        entry["ended"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if callback.client is not None:
+            callback.client.close(status="failed")
+            callback.client = None
+    entry["wall_s"] = round(time.perf_counter() - start, 1)
+    run_id = api.run_id(run_name)
+    entry["trace"] = api.trace(run_id) if run_id is not None else None
+    logged = len(entry["trace"]["steps"]) if entry["trace"] else 0
+    entry["steps_logged"] = logged
+    entry["s_per_step"] = round(entry["wall_s"] / logged, 2) if logged else None
+    return entry
+
+
+# --- the script ----------------------------------------------------------------------------------------
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    tmp.replace(path)
+
+
+def _load_manifest(out: Path) -> dict[str, Any]:
+    path = out / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else {"runs": {}}
+
+
+def _save(out: Path, manifest: dict[str, Any]) -> None:
+    _write_json(out / "manifest.json", manifest)
+    labels = {k: {"label": e["label"], "onset": e["onset"], "framework": e["framework"],
+                  "steps": e.get("steps_logged")}
+              for k, e in sorted(manifest["runs"].items()) if (out / f"{k}.json").exists()}
+    _write_json(out / "labels.json", labels)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    ap.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--url", help="a running moeproxy server (default: serve one over a temporary SQLite)")
+    ap.add_argument("--token", help="a token of that server (`moeproxy token create --project NAME | tail -1`)")
+    args = ap.parse_args(argv)
+    keys = [k for k in args.runs.split(",") if k]
+    unknown = [k for k in keys if k not in RUNS]
+    if unknown:
+        ap.error(f"unknown run(s) {unknown}; known: {', '.join(RUNS)}")
+    if bool(args.url) != bool(args.token):
+        ap.error("--url and --token go together")
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = _load_manifest(out)
+    # Done: its trace is on disk, or TRL refused its setting (a finding, not a failure).
+    todo = [k for k in keys if not (out / f"{k}.json").exists() and "refused" not in manifest["runs"].get(k, {})]
+    for k in keys:
+        if k not in todo:
+            print(f"{k}: done before, skipped", flush=True)
+    if not todo:
+        return 0
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    manifest.update(versions=versions(), reference_model=REFERENCE, threads=args.threads,
+                    server=args.url or "moeproxy serve over a temporary SQLite file")
+
+    with tempfile.TemporaryDirectory(prefix="trl-runs-") as tmp:
+        workdir = Path(tmp)
+        server = None if args.url else LocalServer(workdir)
+        url, token = (args.url, args.token) if args.url else (server.url, server.token)
+        api = Api(url, token)
+        try:
+            for key in todo:
+                print(f"{key}: {RUNS[key].what}, {args.steps} steps", flush=True)
+                entry = run_one(key, steps=args.steps, seed=args.seed, api=api, url=url, token=token,
+                                workdir=workdir)
+                trace = entry.pop("trace", None)
+                entry["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+                if trace is not None:
+                    _write_json(out / f"{key}.json", trace)
+                manifest["runs"][key] = entry
+                _save(out, manifest)
+                print(f"{key}: {entry.get('refused') or entry['ended']}; {entry.get('steps_logged')} steps logged, "
+                      f"{entry.get('wall_s')} s ({entry.get('s_per_step')} s/step)", flush=True)
+        finally:
+            if server is not None:
+                server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""TRL's own GRPOTrainer with MoeproxyCallback, posting to a real uvicorn (issue 17, item 6).
+
+The harness of ``benchmarks/trl_runs.py`` (its config, prompts, reward functions and read-back),
+run for 3 steps on a tiny Qwen3-MoE with the task suite's character tokenizer so it stays fast;
+the benchmark runs the same code on the reference model. Skipped without the [bench] extra.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import trl_runs
+
+pytestmark = [pytest.mark.ml, pytest.mark.slow]
+
+#: What TRL's GRPOTrainer logs every step on CPU with beta != 0 and these two reward functions.
+TRL_NAMES = (
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "num_tokens",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "kl",
+    "entropy",
+    "completions/mean_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "rewards/accuracy_reward/mean",
+    "rewards/accuracy_reward/std",
+    "rewards/format_reward/mean",
+    "clip_ratio/region_mean",
+)
+#: Small enough for a few seconds a run: 2 prompts x 4 completions of at most 8 tokens.
+TINY_RUN = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 8}
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    from moeproxy.reproduction.tokenizer import VOCAB_SIZE, build_tokenizer
+    from tiny_models import build_model
+
+    out = tmp_path_factory.mktemp("tiny-qwen3-moe")
+    build_model("qwen3_moe", seed=0, vocab_size=VOCAB_SIZE, max_position_embeddings=64).save_pretrained(out)
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+def _run(key: str, server, checkpoint: Path, tmp_path: Path) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    api = trl_runs.Api(server.url, server.token)
+    return trl_runs.run_one(key, steps=3, seed=0, api=api, url=server.url, token=server.token,
+                            workdir=tmp_path, model_path=checkpoint, overrides=TINY_RUN)
+
+
+def _server_run(server, name: str) -> dict:
+    headers = {"Authorization": f"Bearer {server.token}"}
+    (run,) = [r for r in httpx.get(f"{server.url}/api/v1/runs", headers=headers).json()["runs"] if r["name"] == name]
+    return run
+
+
+def test_every_step_stored_under_trl_names(sqlite_live_server, tiny_checkpoint, tmp_path):
+    entry = _run("healthy", sqlite_live_server, tiny_checkpoint, tmp_path)
+
+    assert entry["ended"] == "finished" and entry["label"] == "healthy" and entry["onset"] is None
+    trace = entry["trace"]
+    assert trace["framework"] == "trl" and trace["name"] == "trl-healthy-seed0"
+    assert [s["step"] for s in trace["steps"]] == [1, 2, 3]  # TRL counts steps from 1
+    for step in trace["steps"]:
+        missing = [n for n in TRL_NAMES if n not in step["values"]]
+        assert not missing, f"step {step['step']} lacks {missing}"
+        assert "train_runtime" not in step["values"]
+    lr = trl_runs.base_config(3, 0, str(tmp_path))["learning_rate"]
+    assert trace["steps"][0]["values"]["learning_rate"] == pytest.approx(lr)
+    assert trace["steps"][0]["values"]["kl"] == 0.0  # the policy is its reference before the first update
+
+    run = _server_run(sqlite_live_server, "trl-healthy-seed0")
+    assert run["status"] == "finished"
+    headers = {"Authorization": f"Bearer {sqlite_live_server.token}"}
+    names = httpx.get(f"{sqlite_live_server.url}/api/v1/runs/{run['id']}/metrics/names", headers=headers).json()
+    canonical = {n["name"]: n["canonical"] for n in names["names"]}
+    assert canonical["reward"] == "reward_mean" and canonical["completions/mean_length"] == "response_length"
+
+
+def test_a_nan_gradient_ends_the_run_with_nan_stored(sqlite_live_server, tiny_checkpoint, tmp_path):
+    entry = _run("nan_grad", sqlite_live_server, tiny_checkpoint, tmp_path)
+
+    assert entry["label"] == "gradient_overflow" and entry["onset"] == 2
+    # TRL does not skip the step: the weights turn NaN and sampling the next batch fails.
+    assert entry["ended"].startswith("RuntimeError")
+    steps = entry["trace"]["steps"]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert math.isfinite(steps[0]["values"]["grad_norm"])
+    assert steps[1]["values"]["grad_norm"] == "NaN"  # stored and read back, not dropped
+    assert _server_run(sqlite_live_server, "trl-nan_grad-seed0")["status"] == "failed"
+
+
+def test_a_finished_run_is_skipped_on_restart(tmp_path, capsys):
+    (tmp_path / "healthy.json").write_text('{"name": "trl-healthy-seed0", "framework": "trl", "steps": []}')
+    # No server is started and nothing is trained: the only run asked for is already there.
+    assert trl_runs.main(["--runs", "healthy", "--out", str(tmp_path)]) == 0
+    assert "healthy: done before, skipped" in capsys.readouterr().out
+
+
+def test_every_run_has_a_fault_class_of_the_catalogue():
+    from moeproxy.reproduction.catalogue import FAULT_CLASSES
+
+    assert {k.label for k in trl_runs.RUNS.values()} <= set(FAULT_CLASSES)
