@@ -59,7 +59,7 @@ from pathlib import Path
 from moeproxy.proxy_builder.architectures import architecture_for
 from moeproxy.proxy_builder.checkpoint import open_checkpoint
 from moeproxy.proxy_builder.surgery import write_proxy_checkpoint
-from moeproxy.proxy_builder.build import peak_rss_mb
+from moeproxy.proxy_builder.process_memory import peak_rss_mb
 src, out, keep = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 base_rss = peak_rss_mb()
 config = json.loads((src / "config.json").read_text())

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -35,6 +33,7 @@ from moeproxy.proxy_builder.architectures import (
 from moeproxy.proxy_builder.checkpoint import Checkpoint, open_checkpoint
 from moeproxy.proxy_builder.errors import CalibrationError, InvalidPruneRequest
 from moeproxy.proxy_builder.layer_stats import LayerStatistics
+from moeproxy.proxy_builder.process_memory import peak_rss_mb
 from moeproxy.proxy_builder.methods import (
     DEFAULT_METHOD,
     LayerSelection,
@@ -397,24 +396,6 @@ def _commit(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(out)
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MiB.
-
-    Linux: VmHWM of /proc/self/status (the high-water mark of this program's own
-    memory; getrusage's ru_maxrss also keeps a forked parent's mark across exec).
-    Elsewhere: ru_maxrss.
-    """
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
 def build_report(v, selections, statistics, options, search, calib_info, surgery, times, out_dir) -> dict[str, Any]:

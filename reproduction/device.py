@@ -5,7 +5,8 @@ Everything that touches an accelerator goes through here so that the engine runs
 for).  Peak memory is measured the way each device can: on CUDA/NPU the allocator's
 ``max_memory_allocated``; on CPU the process's peak resident set size (``VmHWM`` in
 ``/proc/self/status``), which ``reset_peak`` rewinds through ``/proc/self/clear_refs`` where the
-kernel allows it (Linux >= 4.0), so a per-step peak can be taken.
+kernel allows it (Linux >= 4.0), so a per-step peak can be taken.  The RSS figures are read by
+:mod:`moeproxy.proxy_builder.process_memory`, the one reader every stage shares.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
+from moeproxy.proxy_builder.process_memory import peak_rss_mb, reset_peak_rss
 from moeproxy.reproduction.errors import DeviceUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,32 +112,12 @@ def require_dtype(device: str, dtype: str) -> None:
 
 # --- peak memory ---------------------------------------------------------------------------------------
 
-def _proc_status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def current_rss_mb() -> float:
-    kb = _proc_status_kb("VmRSS")
-    return float("nan") if kb is None else kb / 1024.0
-
-
 def reset_peak(device: DeviceInfo) -> None:
     """Start a new peak-memory window (best effort on CPU: needs a writable clear_refs)."""
     import torch
 
     if device.kind == "cpu":
-        try:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")  # 5 = reset the peak RSS to the current RSS (proc(5))
-        except OSError:
-            pass
+        reset_peak_rss()
     else:
         getattr(torch, device.kind).reset_peak_memory_stats(device.string)
 
@@ -145,12 +127,7 @@ def peak_memory_mb(device: DeviceInfo) -> float:
     import torch
 
     if device.kind == "cpu":
-        kb = _proc_status_kb("VmHWM")
-        if kb is None:  # no procfs: ru_maxrss is the whole life of the process, still a peak
-            import resource
-
-            kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return kb / 1024.0
+        return peak_rss_mb()
     return getattr(torch, device.kind).max_memory_allocated(device.string) / 2**20
 
 

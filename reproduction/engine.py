@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from moeproxy.proxy_builder.process_memory import current_rss_mb
 from moeproxy.reproduction import device as devmod
 from moeproxy.reproduction.algos import grpo_advantages
 from moeproxy.reproduction.config import EngineConfig
@@ -53,7 +54,7 @@ class GRPOEngine:
             devmod.require_dtype(dev, dt)
         torch.manual_seed(self.seed)
         # process RSS before any copy is loaded: peak minus this is what the run itself costs on CPU
-        self.baseline_rss_mb = devmod.current_rss_mb() if self.device.kind == "cpu" else 0.0
+        self.baseline_rss_mb = current_rss_mb() if self.device.kind == "cpu" else 0.0
         self.model_dir = Path(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
         self.tokenizer.padding_side = "left"

@@ -678,7 +678,7 @@ _RSS_PROBE = """
 import json, sys, torch
 torch.set_num_threads(1)
 from moeproxy.reproduction.config import EngineConfig
-from moeproxy.reproduction.device import current_rss_mb
+from moeproxy.proxy_builder.process_memory import current_rss_mb
 from moeproxy.reproduction.engine import GRPOEngine
 from transformers import AutoConfig, AutoModelForCausalLM
 with torch.device("meta"):  # import every module the model needs, allocate nothing
