@@ -5,8 +5,9 @@ checkpoint surgery, and the resource planner.
 Installed as ``moeproxy.proxy_builder``.  The first stage: it imports no other
 stage.  torch/transformers are imported only by the modules that need them
 (:mod:`.statistics`, :mod:`.weight_search` and the model loading in
-:mod:`.build`); the planner, distances, clustering, methods, calibration and
-surgery are torch-free.
+:mod:`.build`); the planner, distances, clustering, methods, calibration,
+surgery, request validation (:mod:`.validation`) and the report (:mod:`.report`)
+are torch-free.
 
 Programmatic entry points (imported lazily from this package)::
 
@@ -25,8 +26,8 @@ from typing import Any
 _LAZY = {
     "build_proxy": "moeproxy.proxy_builder.build",
     "BuildResult": "moeproxy.proxy_builder.build",
-    "validate_request": "moeproxy.proxy_builder.build",
-    "BuildRequest": "moeproxy.proxy_builder.build",
+    "validate_request": "moeproxy.proxy_builder.validation",
+    "BuildRequest": "moeproxy.proxy_builder.validation",
     "collect_statistics": "moeproxy.proxy_builder.statistics",
     "LayerStatistics": "moeproxy.proxy_builder.layer_stats",
     "select_experts": "moeproxy.proxy_builder.methods",

@@ -1,209 +1,44 @@
 """Build a proxy model end to end: validate → statistics → (weight search) → selection → surgery → report.
 
 :func:`build_proxy` is the one programmatic entry point (the CLI ``moeproxy build``
-is a thin wrapper).  :func:`validate_request` runs first and is cheap (config and
-safetensors headers only): every impossible request fails there, before a model
-is loaded or a statistic collected, and nothing is written.  The proxy is
-written into a temporary sibling directory that is renamed into place only when
-complete, so a failed build never leaves a half-written checkpoint.
+is a thin wrapper).  This module holds the orchestration; the checks live in
+:mod:`.validation` and the report in :mod:`.report`.  :func:`validate_request` runs
+first and is cheap (config and safetensors headers only): every impossible request
+fails there, before a model is loaded or a statistic collected, and nothing is
+written.  The proxy is written into a temporary sibling directory that is renamed
+into place only when complete, so a failed build never leaves a half-written
+checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
-import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moeproxy.proxy_builder import calibration as calib
-from moeproxy.proxy_builder.architectures import (
-    GROUP_POLICIES,
-    keep_for_ratio,
-    Architecture,
-    GroupSpec,
-    architecture_for,
-    group_spec,
-)
-from moeproxy.proxy_builder.checkpoint import Checkpoint, open_checkpoint
-from moeproxy.proxy_builder.errors import CalibrationError, InvalidPruneRequest
 from moeproxy.proxy_builder.layer_stats import LayerStatistics
-from moeproxy.proxy_builder.process_memory import peak_rss_mb
-from moeproxy.proxy_builder.methods import (
-    DEFAULT_METHOD,
-    LayerSelection,
-    Method,
-    SelectionOptions,
-    get_method,
-    method_weights,
-    parse_view_weights,
-    select_experts,
+from moeproxy.proxy_builder.methods import LayerSelection, SelectionOptions, select_experts
+from moeproxy.proxy_builder.report import REPORT_NAME, build_report
+from moeproxy.proxy_builder.surgery import write_proxy_checkpoint
+from moeproxy.proxy_builder.validation import (
+    TOKENIZER_FILES,
+    BuildRequest,
+    ValidatedRequest,
+    validate_request,
+    validate_with_statistics,
 )
-from moeproxy.proxy_builder.surgery import MoeLayout, inspect_layout, write_proxy_checkpoint
 
-REPORT_NAME = "proxy_report.json"
-REPORT_VERSION = 1
-DEVICES: tuple[str, ...] = ("cpu", "cuda", "npu")
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-@dataclass(frozen=True)
-class BuildRequest:
-    """Everything a build needs; construction checks the values that need no files."""
-
-    model_dir: Path
-    out_dir: Path
-    keep: int | None = None
-    keep_ratio: float | None = None
-    method: str = DEFAULT_METHOD
-    calibration: str | Iterable | None = None  # spec string (see calibration.py) or documents
-    max_tokens: int = 16384
-    seq_len: int = 512
-    batch_size: int = 8
-    device: str = "cpu"
-    dtype: str = "auto"
-    view_weights: Mapping[str, float] | str | None = None  # None = equal, "auto" = KL grid search
-    representative: str = "most_frequent"
-    group_policy: str = "per_group"
-    weighted_prototypes: bool = True
-    heldout_fraction: float = 0.2
-    seed: int = 0
-    overwrite: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "model_dir", Path(self.model_dir).expanduser())
-        object.__setattr__(self, "out_dir", Path(self.out_dir).expanduser())
-        if (self.keep is None) == (self.keep_ratio is None):
-            raise InvalidPruneRequest("give exactly one of keep (experts per layer) and keep_ratio")
-        if self.keep is not None and (not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 1):
-            raise InvalidPruneRequest(f"keep must be a positive integer, got {self.keep!r}")
-        if self.keep_ratio is not None and not 0 < self.keep_ratio <= 1:
-            raise InvalidPruneRequest(f"keep_ratio must be in (0, 1], got {self.keep_ratio}")
-        if self.device not in DEVICES:
-            raise InvalidPruneRequest(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
-        if self.dtype not in DTYPES:
-            raise InvalidPruneRequest(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        if self.group_policy not in GROUP_POLICIES:
-            raise InvalidPruneRequest(
-                f"unknown group policy {self.group_policy!r}; choose one of {', '.join(GROUP_POLICIES)}"
-            )
-        for name in ("max_tokens", "seq_len", "batch_size"):
-            if getattr(self, name) < 1:
-                raise InvalidPruneRequest(f"{name} must be at least 1")
-        if not 0 < self.heldout_fraction < 1:
-            raise InvalidPruneRequest("heldout_fraction must be in (0, 1)")
-        if isinstance(self.view_weights, str) and self.view_weights != "auto":
-            object.__setattr__(self, "view_weights", parse_view_weights(self.view_weights))
-        SelectionOptions(representative=self.representative)  # validates the rule name
-
-
-@dataclass(frozen=True)
-class ValidatedRequest:
-    request: BuildRequest
-    config: dict[str, Any]
-    arch: Architecture
-    method: Method
-    checkpoint: Checkpoint
-    layout: MoeLayout
-    num_experts: int
-    top_k: int
-    keep: int
-    moe_layers: tuple[int, ...]
-    group: GroupSpec | None
-    needs_model: bool
-
-
-def _resolve_keep(req: BuildRequest, arch: Architecture, config: Mapping[str, Any], num_experts: int) -> int:
-    if req.keep is not None:
-        return req.keep
-    return keep_for_ratio(arch, config, req.keep_ratio, req.group_policy)
-
-
-def validate_request(req: BuildRequest, *, have_statistics: bool = False) -> ValidatedRequest:
-    """Every check that needs no model in memory; raises a ``ProxyBuildError`` saying what would work."""
-    method = get_method(req.method)
-    checkpoint = open_checkpoint(req.model_dir)
-    config = json.loads((req.model_dir / "config.json").read_text(encoding="utf-8"))
-    arch = architecture_for(config)
-    num_experts, top_k = arch.expert_count(config), arch.top_k(config)
-    keep = _resolve_keep(req, arch, config, num_experts)
-    if keep > num_experts:
-        raise InvalidPruneRequest(f"cannot keep {keep} experts: the model has only {num_experts} per MoE layer")
-    if keep < top_k:
-        raise InvalidPruneRequest(
-            f"cannot keep {keep} experts: top-k routing selects {top_k} per token ({arch.top_k_key}); keep at least {top_k}"
-        )
-    group = group_spec(arch, config, keep, req.group_policy)
-    layout = inspect_layout(checkpoint, arch, config)
-    _validate_view_weights(req, method)
-    needs_model = (
-        (method.needs_statistics and not have_statistics) or req.view_weights == "auto" or req.calibration is not None
-    )
-    if needs_model:
-        _validate_calibration(req, method)
-        _validate_device(req.device)
-    _validate_out_dir(req)
-    return ValidatedRequest(
-        req, config, arch, method, checkpoint, layout, num_experts, top_k, keep,
-        tuple(arch.moe_layers(config)), group, needs_model,
-    )  # fmt: skip
-
-
-def _validate_view_weights(req: BuildRequest, method: Method) -> None:
-    if req.view_weights is None:
-        return
-    if not method.views:
-        raise InvalidPruneRequest(f"view weights apply to the clustering methods; {method.name!r} uses no views")
-    if req.view_weights == "auto":
-        if len(method.views) < 2:
-            raise InvalidPruneRequest(f"'auto' view weights need a method with at least 2 views; {method.name!r} has one")
-        return
-    method_weights(method.views, req.view_weights)
-
-
-def _validate_calibration(req: BuildRequest, method: Method) -> None:
-    if req.calibration is None:
-        raise CalibrationError(
-            f"method {method.name!r} needs calibration data: pass --calibration (a .txt/.jsonl file, a tokenized "
-            f"directory, or one of: {', '.join(sorted(calib.CALIBRATION_SOURCES))}:ARG)"
-        )
-    if isinstance(req.calibration, str):
-        calib.validate_spec(req.calibration)
-        kind, _ = calib.parse_spec(req.calibration)
-        if kind in ("text", "jsonl") and not any((req.model_dir / f).is_file() for f in _TOKENIZER_FILES):
-            raise CalibrationError(f"{req.model_dir} has no tokenizer files, so text calibration cannot be tokenized")
-
-
-def _validate_device(device: str) -> None:
-    if device == "cpu":
-        return
-    import torch
-
-    if device == "npu":
-        try:
-            import torch_npu  # noqa: F401  (registers torch.npu)
-        except ImportError:
-            raise InvalidPruneRequest("device 'npu' needs torch_npu (pip install 'moeproxy[npu]')") from None
-    available = getattr(torch, device).is_available()
-    if not available:
-        raise InvalidPruneRequest(f"device {device!r} is not available on this machine")
-
-
-def _validate_out_dir(req: BuildRequest) -> None:
-    out, src = req.out_dir.resolve(), req.model_dir.resolve()
-    if out == src or src in out.parents:
-        raise InvalidPruneRequest(f"output directory {req.out_dir} must not be the model directory or inside it")
-    if out.exists():
-        if not out.is_dir():
-            raise InvalidPruneRequest(f"output path {req.out_dir} exists and is not a directory")
-        if any(out.iterdir()) and not req.overwrite:
-            raise InvalidPruneRequest(f"output directory {req.out_dir} is not empty (pass --overwrite to replace it)")
+# Importable from here, where callers have always found it (tests/proxy_builder/test_plan.py checks
+# the builder's K against the planner's through it).
+from moeproxy.proxy_builder.validation import _resolve_keep  # noqa: F401
 
 
 @dataclass
@@ -245,9 +80,7 @@ def build_proxy(
     req = request if statistics is None else dataclasses.replace(request, calibration=None)
     t0 = time.perf_counter()
     stages = _Stages(progress)
-    if statistics is not None and req.view_weights == "auto":
-        raise InvalidPruneRequest("'auto' view weights need the model and calibration data, not precomputed statistics")
-    v = validate_request(req) if statistics is None else _validate_with_statistics(req, statistics)
+    v = validate_request(req) if statistics is None else validate_with_statistics(req, statistics)
     stages.times["validate_s"] = time.perf_counter() - t0
 
     search = None
@@ -267,17 +100,6 @@ def build_proxy(
     return BuildResult(out, json.loads((out / REPORT_NAME).read_text()), selections, dict(statistics or {}) or None)
 
 
-def _validate_with_statistics(req: BuildRequest, statistics: Mapping[int, LayerStatistics]) -> ValidatedRequest:
-    v = validate_request(req, have_statistics=True)
-    missing = [layer for layer in v.moe_layers if layer not in statistics]
-    if missing:
-        raise InvalidPruneRequest(f"precomputed statistics lack MoE layers {missing}")
-    bad = [layer for layer in v.moe_layers if statistics[layer].num_experts != v.num_experts]
-    if bad:
-        raise InvalidPruneRequest(f"precomputed statistics of layers {bad} do not have {v.num_experts} experts")
-    return v
-
-
 def load_model(model_dir: Path, device: str = "cpu", dtype: str = "auto", *, progress: bool = True):
     """The original model for statistics (eval mode), and its tokenizer (None without tokenizer files)."""
     import torch
@@ -291,7 +113,7 @@ def load_model(model_dir: Path, device: str = "cpu", dtype: str = "auto", *, pro
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
     model = model.to(device).eval()
     tokenizer = None
-    if any((model_dir / f).is_file() for f in _TOKENIZER_FILES):
+    if any((model_dir / f).is_file() for f in TOKENIZER_FILES):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer
 
@@ -396,99 +218,3 @@ def _commit(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(out)
-
-
-def build_report(v, selections, statistics, options, search, calib_info, surgery, times, out_dir) -> dict[str, Any]:
-    req = v.request
-    layers: dict[str, Any] = {}
-    for layer in sorted(selections):
-        sel = selections[layer]
-        stats = statistics.get(layer) if statistics else None
-        layers[str(layer)] = {
-            "kept_experts": list(sel.kept),
-            "clusters": [list(c) for c in sel.clusters] if sel.clusters is not None else None,
-            "medoids": list(sel.medoids) if sel.medoids is not None else None,
-            "frequencies": stats.frequency.tolist() if stats is not None else None,
-            "routing_mass_kept": stats.mass_kept(sel.kept) if stats is not None else None,
-            "activations_kept": stats.activations_kept(sel.kept) if stats is not None else None,
-        }
-    for extra, source in surgery.extra_layers.items():
-        layers[str(extra)] = {"kept_experts": list(selections[source].kept), "copied_from_layer": source}
-    weights = None
-    if v.method.views:
-        weights = method_weights(v.method.views, options.view_weights)
-        total = sum(weights.values())
-        weights = {k: w / total for k, w in weights.items()}
-    return {
-        "format_version": REPORT_VERSION,
-        "source_model": str(req.model_dir.resolve()),
-        "architecture": v.arch.model_type,
-        "method": v.method.name,
-        "view_weights": weights,
-        "view_weights_mode": "auto" if search else ("given" if req.view_weights else ("equal" if weights else None)),
-        "view_weight_search": {"step": 0.25, "objective": "next-token KL(original || proxy)", "grid": search.grid}
-        if search
-        else None,
-        "representative": req.representative if v.method.views else None,
-        "seed": req.seed,
-        "num_experts": v.num_experts,
-        "keep": v.keep,
-        "top_k": v.top_k,
-        "moe_layers": list(v.moe_layers),
-        "group_routing": _group_report(v.group),
-        "config_changes": surgery.config_changes,
-        "calibration": calib_info,
-        "layers": layers,
-        **plan_report(v.config, v.keep, v.checkpoint, surgery),
-        "files": list(surgery.files) + [REPORT_NAME],
-        "timing_s": {k.removesuffix("_s"): round(t, 4) for k, t in times.items()},
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-        "device": req.device,
-    }
-
-
-def _group_report(group: GroupSpec | None) -> dict[str, Any] | None:
-    if group is None:
-        return None
-    return {
-        "policy": group.policy,
-        "n_group": group.n_group,
-        "topk_group": group.topk_group,
-        "new_n_group": group.new_n_group,
-        "new_topk_group": group.new_topk_group,
-    }
-
-
-def plan_report(config: Mapping[str, Any], keep: int, checkpoint: Checkpoint, surgery) -> dict[str, Any]:
-    """Parameter counts and the accelerator-memory estimate, both from the planner (issue 9).
-
-    The on-disk byte counts are facts of the two checkpoints, kept alongside.
-    """
-    from moeproxy.proxy_builder.plan import plan
-
-    original_bytes = sum(t.nbytes for _, t in checkpoint.tensors())
-    try:
-        p = plan(dict(config), keep=keep)
-    except ValueError as exc:  # the planner's assumptions do not fit this model: report, do not fail the build
-        plan_dict, parameters, memory_ratio, devices = {"error": str(exc)}, None, None, None
-    else:
-        plan_dict = p.to_dict()
-        o, q = p.original, p.proxy
-        parameters = {
-            "original": o.parameters.total,
-            "proxy": q.parameters.total,
-            "ratio": q.parameters.total / o.parameters.total,
-            "by_component": {"original": plan_dict["original"]["parameters"], "proxy": plan_dict["proxy"]["parameters"]},
-        }
-        memory_ratio = q.memory_gb_total / o.memory_gb_total if o.memory_gb_total else None
-        devices = {"original": o.devices, "proxy": q.devices}
-    return {
-        "parameters": parameters,
-        "memory": {
-            "accelerator_memory_ratio": memory_ratio,
-            "devices": devices,
-            "checkpoint_bytes": {"original": original_bytes, "proxy": surgery.bytes_written},
-            "checkpoint_bytes_ratio": surgery.bytes_written / original_bytes if original_bytes else None,
-            "plan": plan_dict,
-        },
-    }

@@ -49,9 +49,9 @@ def test_an_allocation_raises_the_peak_which_stays_until_a_reset():
 
 def test_the_stages_read_the_same_figure(tmp_path, monkeypatch):
     """The builder's report and the engine's CPU peak both come from this reader."""
-    from moeproxy.proxy_builder import build
+    from moeproxy.proxy_builder import report
 
-    assert build.peak_rss_mb is peak_rss_mb
+    assert report.peak_rss_mb is peak_rss_mb
     pytest.importorskip("torch")
     from moeproxy.reproduction.device import peak_memory_mb, resolve_device
 
