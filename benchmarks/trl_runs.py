@@ -11,6 +11,7 @@ settings name (``rl_engine_defaults``); two reward functions, ``accuracy_reward`
 The runs (:data:`RUNS`), each labelled with its fault class and onset step:
 
 * ``healthy``: the settings of :func:`base_config`;
+* ``healthy_warmup``: the same with a cosine LR schedule after a 10% warm-up, on the next seed;
 * ``lr_x100``: ``learning_rate`` ×100 in ``GRPOConfig`` (``lr_misconfiguration``, onset 0);
 * ``reward_zero``: an ``accuracy_reward`` whose parser never matches, so it returns 0.0 for every
   completion (``reward_fault``, onset 0);
@@ -27,7 +28,7 @@ Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "f
 "steps": [{"step", "values"}]}``) as read back from the server's API, so it is what the service
 stored; ``OUT/manifest.json`` (versions, settings, wall time and outcome of every run) and
 ``OUT/labels.json`` (``{run: {"label", "onset", "framework", "steps"}}``, steps as logged, what ``benchmarks/evalsets.py``
-reads). A run whose trace exists is skipped on restart.
+reads) and ``OUT/MANIFEST.sha256`` (every JSON file's SHA-256: the freeze evalsets.py checks). A run whose trace exists is skipped on restart.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/trl_runs.py               # all runs
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/trl_runs.py --runs healthy --steps 5 --out /tmp/smoke
@@ -39,6 +40,7 @@ directory for the duration of the script.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -147,6 +149,13 @@ def _healthy(setup: Setup) -> None:
     return None
 
 
+def _healthy_warmup(setup: Setup) -> None:
+    # The schedule most GRPO recipes use (TRL's and verl's examples: warm-up, then cosine decay), on
+    # a seed of its own: the LR moves through the whole run and must not read as a fault.
+    setup.config.update(lr_scheduler_type="cosine", warmup_steps=0.1, seed=setup.config["seed"] + 1)
+    return None
+
+
 def _lr_x100(setup: Setup) -> int:
     setup.config["learning_rate"] *= 100
     return 0
@@ -211,6 +220,8 @@ class RunKind:
 
 RUNS: dict[str, RunKind] = {
     "healthy": RunKind("healthy", "nothing injected", _healthy),
+    "healthy_warmup": RunKind("healthy", "nothing injected; cosine LR after a 10% warm-up, seed + 1",
+                              _healthy_warmup),
     "lr_x100": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x100", _lr_x100),
     "reward_zero": RunKind("reward_fault", "accuracy_reward returns 0.0 for every completion", _reward_zero),
     "negative_beta": RunKind("kl_misconfiguration", "GRPOConfig.beta with its sign flipped", _negative_beta),
@@ -396,6 +407,9 @@ def _save(out: Path, manifest: dict[str, Any]) -> None:
                   "steps": e.get("steps_logged")}
               for k, e in sorted(manifest["runs"].items()) if (out / f"{k}.json").exists()}
     _write_json(out / "labels.json", labels)
+    # The freeze benchmarks/evalsets.py checks before it scores (sha256sum format).
+    lines = [f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}" for f in sorted(out.glob("*.json"))]
+    (out / "MANIFEST.sha256").write_text("\n".join(lines) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
