@@ -42,6 +42,7 @@ from typing import Any
 
 from moeproxy.proxy_builder.architectures import architecture_for
 from moeproxy.reproduction.formats import ResponseFormat, get_format
+from moeproxy.reproduction.memory import generation_rss_child
 from moeproxy.reproduction.tasks import (
     MAX_ANSWER_CHARS,
     TASKS,
@@ -323,54 +324,14 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-_MEMORY_PROBE = r"""
-import json, sys, torch
-torch.set_num_threads(1)
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-def status_kb(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-
-import ctypes, gc
-tok = AutoTokenizer.from_pretrained(sys.argv[1]); tok.padding_side = "left"
-prompts = json.loads(sys.argv[2])
-enc = tok(prompts, padding=True, return_tensors="pt")
-
-def load_and_generate():
-    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
-    with torch.no_grad():
-        model.generate(**enc, max_new_tokens=9, do_sample=False, pad_token_id=tok.pad_token_id)
-    return model
-
-# A first round pulls in the lazily imported modelling code and warms caches; its memory is freed
-# and handed back before the measured round.
-del_model = load_and_generate()
-del del_model
-gc.collect()
-try:
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-except OSError:
-    pass
-try:  # reset the high-water mark so import-time peaks do not hide the model (Linux >= 4.0)
-    open("/proc/self/clear_refs", "w").write("5")
-    reset = True
-except OSError:
-    reset = False
-base = status_kb("VmRSS")
-model = load_and_generate()
-print(json.dumps({"peak_mb": (status_kb("VmHWM") - base) / 1024, "hwm_reset": reset}))
-"""
-
-
 def measure_peak_memory_mb(path: Path | str, prompts: Sequence[str]) -> float:
     """Peak resident memory a fresh process adds to load the checkpoint (fp32) and generate a batch:
     the RSS high-water mark (reset after the imports) minus the RSS before loading, so the
-    interpreter and libraries cancel out."""
-    res = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(path), json.dumps(list(prompts))],
-                         capture_output=True, text=True, check=True, env=_one_thread_env())
-    return float(json.loads(res.stdout.strip().splitlines()[-1])["peak_mb"])
+    interpreter and libraries cancel out.  The process is
+    :mod:`~moeproxy.reproduction.memory.generation_rss_child`."""
+    argv = [sys.executable, "-m", generation_rss_child.__name__, str(path), json.dumps(list(prompts))]
+    res = subprocess.run(argv, capture_output=True, text=True, check=True, env=_one_thread_env())
+    return float(json.loads(res.stdout.strip().splitlines()[-1])["run_mb"])
 
 
 def _one_thread_env() -> dict[str, str]:

@@ -7,6 +7,16 @@ from pathlib import Path
 
 import typer
 
+# The registry of trainable architectures; importing it needs no torch.
+from moeproxy.reproduction.reference import ARCH_CONFIGS
+
+
+def _one_of(names) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 reference_app = typer.Typer(
     help="Reference MoE models trained on the synthetic task suite: list the shipped checkpoints "
     "or retrain one (reproducible from its seed).",
@@ -38,7 +48,7 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print machin
 
 @reference_app.command("train")
 def train(
-    arch: str = typer.Option(None, "--arch", help="qwen3_moe or deepseek_v3."),
+    arch: str = typer.Option(None, "--arch", help=f"Architecture to train: {_one_of(ARCH_CONFIGS)}."),
     name: str = typer.Option(None, "--name", help="A registered reference model: use its arch and recipe."),
     out: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
     seed: int = typer.Option(None, "--seed", help="Seed (default: the registered recipe's)."),
@@ -57,7 +67,7 @@ def train(
     (safetensors + config + tokenizer + training.json with the recipe and loss curve)."""
     from dataclasses import replace
 
-    from moeproxy.reproduction.reference import ARCH_CONFIGS, REFERENCE_MODELS, TrainingRecipe
+    from moeproxy.reproduction.reference import REFERENCE_MODELS, TrainingRecipe
 
     if name is not None:
         if name not in REFERENCE_MODELS:
@@ -68,7 +78,7 @@ def train(
         arch, recipe, overrides = entry.arch, entry.recipe, entry.config_overrides
     else:
         if arch is None:
-            _fail("give --arch (qwen3_moe or deepseek_v3) or --name")
+            _fail(f"give --arch ({_one_of(ARCH_CONFIGS)}) or --name")
         if arch not in ARCH_CONFIGS:
             _fail(f"unknown architecture {arch!r}; known: {', '.join(ARCH_CONFIGS)}")
         recipe = next((m.recipe for m in REFERENCE_MODELS.values() if m.arch == arch), TrainingRecipe())

@@ -54,7 +54,11 @@ The package, by job:
   block, on the allocator's counters or the torch profiler;
 * :mod:`.workloads` — the figures the project reports: :func:`peak_generation_memory`,
   :func:`peak_rl_step_memory`, and :func:`rss_probe`, which runs :mod:`.rss_child` in a fresh
-  process for the old process-RSS figure.
+  process for the old process-RSS figure;
+* :mod:`.rss_child` and :mod:`.generation_rss_child` — the fresh processes behind the RSS figures:
+  RL steps on an engine (:func:`rss_probe`), and loading plus generation
+  (:func:`moeproxy.reproduction.fidelity.measure_peak_memory_mb`); both read RSS through
+  :mod:`moeproxy.proxy_builder.process_memory`.
 
 Torch is imported inside functions so that importing this package costs nothing.
 """

@@ -57,3 +57,32 @@ def test_the_stages_read_the_same_figure(tmp_path, monkeypatch):
 
     _fake_status(tmp_path, monkeypatch, VmHWM=5120, VmRSS=1024)
     assert peak_memory_mb(resolve_device("cpu")) == 5.0
+
+
+def _code_strings(tree):
+    """The string constants of a module that are not docstrings (a docstring may name a /proc path)."""
+    import ast
+
+    docs = {id(body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and (body := node.body) and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_no_other_module_of_the_package_reads_procfs():
+    """Every RSS figure goes through this module: no other installed module names a /proc path,
+    not even inside a script it runs (as the fidelity probe once did)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    reader = Path(process_memory.__file__).resolve()
+    folders = ("moeproxy", "proxy_builder", "reproduction", "signatures", "service", "migrations")
+    readers = [
+        f"{path.relative_to(root)}:{const.lineno}"
+        for path in (p for folder in folders for p in (root / folder).rglob("*.py"))
+        if path.resolve() != reader
+        for const in _code_strings(ast.parse(path.read_text(), str(path)))
+        if "/proc" in const.value
+    ]
+    assert readers == []

@@ -20,7 +20,7 @@ from moeproxy.reproduction.fidelity import (
     wilson_interval,
 )
 from moeproxy.reproduction.reference import TrainingRecipe, save_checkpoint, train_model
-from moeproxy.reproduction.tasks import TASKS, calibration_corpus
+from moeproxy.reproduction.tasks import TASKS, calibration_corpus, format_prompt, make_split
 from typer.testing import CliRunner
 
 from moeproxy.cli import app
@@ -159,3 +159,34 @@ def test_mismatched_proxy_is_a_clear_error(original, tmp_path):
         evaluate_pair(original, proxy, FAST)
     result = CliRunner().invoke(app, ["eval", "--original", str(tmp_path / "nope"), "--proxy", str(proxy)])
     assert result.exit_code == 2 and "not a checkpoint" in result.output
+
+
+# --- the peak-memory probe: a fresh process reading RSS through the one reader ----------------------
+
+def _probe_inputs(tmp_path):
+    from tiny_models import build_tiny
+
+    prompts = [format_prompt(e) for e in make_split("heldout", 4, seed=0)]
+    return build_tiny("qwen3_moe", tmp_path), prompts
+
+
+def test_the_probe_reports_through_the_one_rss_reader(tmp_path, monkeypatch, capsys):
+    """The probe's arithmetic on known status figures: peak minus the RSS before the measured load."""
+    from moeproxy.proxy_builder import process_memory
+    from moeproxy.reproduction.memory import generation_rss_child
+
+    model_dir, prompts = _probe_inputs(tmp_path)
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmHWM:\t5120 kB\nVmRSS:\t1024 kB\n")
+    monkeypatch.setattr(process_memory, "_STATUS", str(status))
+    generation_rss_child.main([str(model_dir), json.dumps(prompts)])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (out["peak_rss_mb"], out["rss_before_load_mb"], out["run_mb"]) == (5.0, 1.0, 4.0)
+    assert isinstance(out["hwm_reset"], bool)
+
+
+@pytest.mark.slow  # starts a fresh interpreter that loads the model twice
+def test_peak_memory_is_what_a_fresh_process_adds_to_load_and_generate(tmp_path):
+    model_dir, prompts = _probe_inputs(tmp_path)
+    peak_mb = fidelity.measure_peak_memory_mb(model_dir, prompts)
+    assert math.isfinite(peak_mb) and peak_mb > 0

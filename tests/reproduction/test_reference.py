@@ -145,3 +145,39 @@ def test_missing_checkpoint_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(REFERENCE_MODELS, m.name, reference.ReferenceModel(m.name, m.arch, m.recipe))
     with pytest.raises(CheckpointMissing, match="moeproxy reference train"):
         reference_model_path(m.name)
+
+
+# --- `moeproxy reference train --arch`: the names come from ARCH_CONFIGS ---------------------------
+
+def _train_help(reference_app) -> str:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(reference_app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_the_cli_names_every_registered_architecture(tmp_path):
+    from typer.testing import CliRunner
+
+    from moeproxy.cli.reference import reference_app
+
+    assert all(arch in _train_help(reference_app) for arch in ARCH_CONFIGS)
+    missing = CliRunner().invoke(reference_app, ["train", "--out", str(tmp_path / "out")])
+    assert missing.exit_code == 2
+    assert all(arch in missing.output for arch in ARCH_CONFIGS)
+
+
+def test_an_added_architecture_reaches_the_cli_without_editing_it(monkeypatch):
+    """The help is written when the CLI module loads: a fresh load after adding an entry shows it."""
+    import importlib
+
+    from moeproxy.cli import reference as cli_reference
+
+    try:
+        with monkeypatch.context() as patch:
+            patch.setitem(ARCH_CONFIGS, "toy_moe", dict(ARCH_CONFIGS["qwen3_moe"]))
+            assert "toy_moe" in _train_help(importlib.reload(cli_reference).reference_app)
+    finally:
+        importlib.reload(cli_reference)
+    assert "toy_moe" not in _train_help(cli_reference.reference_app)
