@@ -11,18 +11,28 @@ Two kinds of held-out runs are scored against the library:
 The threshold is the midpoint of the interval that maximises balanced accuracy
 (TPR on positives + TNR on negatives); the library records the method, the threshold and the
 counts (``calibration`` in docs/fingerprints.md).
+
+**Per view.** A run that logs only some metrics scores lower (fewer parts agree, the coverage
+factor falls), so one threshold for all would call nothing a TRL run shows ``strong``. The same
+held-out runs are therefore projected onto each framework's standard metric set
+(``vocabulary.VIEWS``) and scored again, against fingerprints that keep every metric; each view
+gets the threshold its projected runs give (``Calibration.views``), and triage applies the view
+nearest to what a run logs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 from moeproxy.signatures.canonical import RunMetrics, canonicalise
 from moeproxy.signatures.features import run_signature
-from moeproxy.signatures.fingerprint import Calibration, FingerprintLibrary
-from moeproxy.signatures.matching import triage
+from moeproxy.signatures.fingerprint import Calibration, FingerprintLibrary, ViewCalibration
+from moeproxy.signatures.matching import library_metrics, triage
+from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, VIEWS, alias_index, canonical_name
+
+Projection = Callable[[RunMetrics], RunMetrics]
 
 
 @dataclass(frozen=True)
@@ -37,12 +47,24 @@ class CalibrationScores:
     negatives: tuple[float, ...]  # best score with the true class left out / best fault on healthy
 
 
-def calibration_scores(library: FingerprintLibrary, runs: Sequence[LabelledRun]) -> CalibrationScores:
+def project_run(run: RunMetrics, metrics: Collection[str] | None) -> RunMetrics:
+    """``run`` with only the series whose canonical name is in ``metrics`` (None: all of them)."""
+    if metrics is None:
+        return run
+    index = alias_index(DEFAULT_ALIASES, run.framework)
+    keep = {name: s for name, s in run.series.items() if canonical_name(name, index) in metrics}
+    return RunMetrics(keep, run.framework, run.name)
+
+
+def calibration_scores(library: FingerprintLibrary, runs: Sequence[LabelledRun], *,
+                       project: Projection | None = None) -> CalibrationScores:
+    """Own-class scores and best wrong-class scores of ``runs`` (each projected first, if given)."""
     pos: list[float] = []
     neg: list[float] = []
     loco = {c: library.without_class(c) for c in library.fault_classes}
     for item in runs:
-        sig = run_signature(canonicalise(item.run), library.params)
+        run = item.run if project is None else project(item.run)
+        sig = run_signature(canonicalise(run), library.params)
         full = triage(sig, library)
         own = next((c.score for c in full.candidates if c.fault_class == item.fault_class), None)
         if own is not None:
@@ -73,14 +95,47 @@ def choose_threshold(scores: CalibrationScores) -> tuple[float, float]:
     return best_t, best_acc
 
 
-def calibrate(library: FingerprintLibrary, runs: Sequence[LabelledRun]) -> tuple[FingerprintLibrary, dict]:
-    cal, report = _calibration_from_scores(
-        calibration_scores(library, runs),
-        "balanced accuracy over held-out runs: own-class score (positives) vs best score "
-        "with the class left out and best fault score on healthy runs (negatives)",
-        n_heldout=len(runs),
-    )
-    return library.with_calibration(cal), report
+HELDOUT_METHOD = ("balanced accuracy over held-out runs: own-class score (positives) vs best score "
+                  "with the class left out and best fault score on healthy runs (negatives)")
+
+
+def calibrate(library: FingerprintLibrary, runs: Sequence[LabelledRun], *,
+              views: Mapping[str, Collection[str] | None] = VIEWS) -> tuple[FingerprintLibrary, dict]:
+    """The library-wide threshold from ``runs`` as they are, and one per view from the same runs
+    projected onto each view's metrics."""
+    cal, report = _calibration_from_scores(calibration_scores(library, runs), HELDOUT_METHOD, n_heldout=len(runs))
+    per_view = {}
+    for name, metrics in views.items():
+        def project(r, metrics=metrics):
+            return project_run(r, metrics)
+
+        per_view[name] = (calibration_scores(library, runs, project=project),
+                          _view_metrics(library, [project(item.run) for item in runs]))
+    return library.with_calibration(_with_views(cal, report, per_view)), report
+
+
+def _view_metrics(library: FingerprintLibrary, runs: Sequence[RunMetrics]) -> tuple[str, ...]:
+    """The library's metrics that the (projected) runs log."""
+    seen: set[str] = set()
+    for r in runs:
+        seen |= set(canonicalise(r).metrics)
+    return tuple(sorted(seen & library_metrics(library)))
+
+
+def _with_views(cal: Calibration, report: dict,
+                per_view: Mapping[str, tuple[CalibrationScores, tuple[str, ...]]]) -> Calibration:
+    """``cal`` with a threshold per view (views whose runs keep no metric of the library, or give
+    no positive or no negative score, are left out); the figures go into ``report["views"]``."""
+    views = {}
+    report["views"] = {}
+    for name, (scores, metrics) in per_view.items():
+        if not metrics or not scores.positives or not scores.negatives:
+            continue
+        thr, acc = choose_threshold(scores)
+        views[name] = ViewCalibration(round(thr, 4), metrics, round(acc, 4), len(scores.positives))
+        report["views"][name] = {"threshold": views[name].strong_threshold, "balanced_accuracy": acc,
+                                 "metrics": list(metrics), "n": len(scores.positives)}
+    return replace(cal, views=views)
 
 
 def _calibration_from_scores(scores: CalibrationScores, method: str, *, n_heldout: int) -> tuple[Calibration, dict]:
@@ -96,7 +151,8 @@ def _calibration_from_scores(scores: CalibrationScores, method: str, *, n_heldou
     return cal, report
 
 
-def cross_validated_calibration(trace_sets, *, signature_params=None) -> tuple[Calibration, dict]:
+def cross_validated_calibration(trace_sets, *, signature_params=None,
+                                views: Mapping[str, Collection[str] | None] = VIEWS) -> tuple[Calibration, dict]:
     """Calibrate without extra runs: leave one library seed out at a time, build the fingerprints
     from the other seeds, and score the left-out seed's runs (positives: own class; negatives: best
     score with the class left out, best fault score on the left-out healthy twin). Fingerprints
@@ -110,6 +166,7 @@ def cross_validated_calibration(trace_sets, *, signature_params=None) -> tuple[C
         raise ValueError("cross-validated calibration needs at least two library seeds")
     pos: list[float] = []
     neg: list[float] = []
+    per_view: dict[str, tuple[list[float], list[float], set[str]]] = {v: ([], [], set()) for v in views}
     for held in seeds:
         fps, runs = [], []
         for ts in trace_sets:
@@ -124,13 +181,25 @@ def cross_validated_calibration(trace_sets, *, signature_params=None) -> tuple[C
         healthy_twin = next((ts.healthy_runs[held] for ts in trace_sets if held in ts.healthy_runs), None)
         if healthy_twin is not None and not any(r.fault_class == "healthy" for r in runs):
             runs.append(LabelledRun("healthy", healthy_twin))
-        fold = calibration_scores(FingerprintLibrary(tuple(fps), params), runs)
+        fold_library = FingerprintLibrary(tuple(fps), params)
+        fold = calibration_scores(fold_library, runs)
         pos += fold.positives
         neg += fold.negatives
-    return _calibration_from_scores(
+        for name, metrics in views.items():
+            def project(r, metrics=metrics):
+                return project_run(r, metrics)
+
+            vp, vn, seen = per_view[name]
+            fold = calibration_scores(fold_library, runs, project=project)
+            vp += fold.positives
+            vn += fold.negatives
+            seen.update(_view_metrics(fold_library, [project(item.run) for item in runs]))
+    cal, report = _calibration_from_scores(
         CalibrationScores(tuple(pos), tuple(neg)),
         "leave-one-seed-out over the library runs: fingerprints rebuilt without the seed, its runs "
         "scored: own-class score (positives) vs best score with the class left out and best fault "
-        "score on the healthy twin (negatives)",
+        "score on the healthy twin (negatives); per view, the same runs projected onto the view's metrics",
         n_heldout=len(pos),
     )
+    scored = {n: (CalibrationScores(tuple(p), tuple(q)), tuple(sorted(m))) for n, (p, q, m) in per_view.items()}
+    return _with_views(cal, report, scored), report

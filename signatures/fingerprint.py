@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -111,14 +111,48 @@ def _round(v: float) -> float:
 
 
 @dataclass(frozen=True)
-class Calibration:
-    strong_threshold: float = DEFAULT_STRONG_THRESHOLD
-    method: str = "default (not calibrated)"
+class ViewCalibration:
+    """The threshold of one metric set (a framework's standard loggers, ``vocabulary.VIEWS``): the
+    library's runs projected onto that set score lower than with every metric (fewer parts, less
+    coverage), so a run that logs only TRL's names is judged against TRL's threshold."""
+
+    strong_threshold: float
+    metrics: tuple[str, ...]  # the canonical metrics of the view the library's runs showed
+    balanced_accuracy: float = 0.0
     n_heldout: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.strong_threshold <= 1.0:
             raise ValueError("strong_threshold must lie in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    strong_threshold: float = DEFAULT_STRONG_THRESHOLD
+    method: str = "default (not calibrated)"
+    n_heldout: int = 0
+    views: Mapping[str, ViewCalibration] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.strong_threshold <= 1.0:
+            raise ValueError("strong_threshold must lie in [0, 1]")
+
+    def threshold_for(self, metrics: Collection[str]) -> tuple[str | None, float]:
+        """(view, threshold) for a run logging the canonical ``metrics``: the calibrated view whose
+        metric set is nearest (Jaccard) to what the run logs of the library's metrics, else the
+        library-wide threshold (view None). Ties go to the higher threshold: the cautious one."""
+        have = set(metrics)
+        best: tuple[float, float, str] | None = None
+        for name, view in self.views.items():
+            want = set(view.metrics)
+            union = have | want
+            jaccard = len(have & want) / len(union) if union else 0.0
+            key = (jaccard, view.strong_threshold, name)
+            if best is None or key > best:
+                best = key
+        if best is None or best[0] == 0.0:
+            return None, self.strong_threshold
+        return best[2], self.views[best[2]].strong_threshold
 
 
 @dataclass(frozen=True)
@@ -280,10 +314,26 @@ class _Validator:
         method = d.get("method", Calibration.method)
         if not isinstance(method, str):
             raise InvalidLibrary(f"{path}.method", "must be a string")
-        n = d.get("n_heldout", 0)
+        n = self.count(d.get("n_heldout", 0), f"{path}.n_heldout")
+        views = d.get("views", {})
+        self.obj(views, f"{path}.views")
+        return Calibration(float(thr), method, n, {k: self.view(v, f"{path}.views.{k}") for k, v in views.items()})
+
+    def view(self, d: Any, path: str) -> ViewCalibration:
+        self.obj(d, path)
+        thr = self.number(d.get("strong_threshold"), f"{path}.strong_threshold", lo=0.0, hi=1.0)
+        metrics = self.get(d, "metrics", path, list)
+        if not all(isinstance(m, str) for m in metrics):
+            raise InvalidLibrary(f"{path}.metrics", "must be a list of metric names")
+        acc = self.number(d.get("balanced_accuracy", 0.0), f"{path}.balanced_accuracy", lo=0.0, hi=1.0)
+        return ViewCalibration(float(thr), tuple(metrics), float(acc), self.count(d.get("n_heldout", 0),
+                                                                                  f"{path}.n_heldout"))
+
+    @staticmethod
+    def count(n: Any, path: str) -> int:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InvalidLibrary(f"{path}.n_heldout", "must be an integer >= 0")
-        return Calibration(float(thr), method, n)
+            raise InvalidLibrary(path, "must be an integer >= 0")
+        return n
 
     def fingerprint(self, d: Any, path: str) -> Fingerprint:
         self.obj(d, path)

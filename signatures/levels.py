@@ -16,6 +16,7 @@ Pure: numpy over a :class:`~moeproxy.signatures.canonical.CanonicalRun`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,11 @@ SOURCES: dict[str, str] = {
              "PPO examples use actor_rollout_ref.actor.optim.lr=1e-6 (LLM scale; an LR 100x above is the "
              "reported misconfiguration of SPEC section 3)",
     "healthy-dynamics": "SPEC section 3, healthy: reward rising, entropy falling, KL to the reference growing slowly",
+    "grpo-advantage": "GRPO's advantage is the reward minus its group's mean (DeepSeekMath, arXiv:2402.03300, "
+                      "section 4.1): a group whose rewards all tie has advantage 0 and no gradient; TRL logs the "
+                      "share of such groups as frac_reward_zero_std",
+    "kl-range": "chosen: a per-token KL to the reference above 1 nat; the healthy GRPO/PPO runs of the public "
+                "reports log values between 1e-3 and 1e-1",
 }
 
 
@@ -49,11 +55,13 @@ class Finding:
     supports: tuple[str, ...]  # fault classes this is evidence for
     text: str
     source: str  # key of SOURCES
+    against: tuple[str, ...] = ("healthy",)  # classes it is evidence against: every finding is
+    # something a healthy run does not show
 
-    @property
-    def abnormal(self) -> bool:
-        """Every finding is evidence against ``healthy``."""
-        return True
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "metric": self.metric, "source_name": self.source_name,
+                "value": round(self.value, 6), "threshold": self.threshold, "supports": list(self.supports),
+                "against": list(self.against), "text": self.text, "source": self.source}
 
 
 Rule = Callable[[CanonicalRun], list[Finding]]
@@ -81,6 +89,21 @@ def _finite(series: CanonicalSeries) -> np.ndarray:
     return series.values[series.observed & ~series.nonfinite]
 
 
+def _values(run: CanonicalRun, metric: str, min_points: int) -> tuple[CanonicalSeries, np.ndarray] | None:
+    """The run's series of ``metric`` and its finite observed values, or None when the run does
+    not log it or logs fewer than ``min_points`` finite values."""
+    s = run.metrics.get(metric)
+    if s is None:
+        return None
+    v = _finite(s)
+    return None if v.size < min_points else (s, v)
+
+
+def _second_half_median(v: np.ndarray) -> float:
+    """The level of the run's second half: a fault that starts late still counts."""
+    return float(np.median(v[v.size // 2:]))
+
+
 # --- levels against documented ranges --------------------------------------------------------------
 
 #: verl FAQ: normal below 0.005, a problem above 0.01 (probability space, verl's own metric only:
@@ -91,13 +114,11 @@ MISMATCH_CLASSES = ("rollout_logp_precision", "operator_numeric_noise", "stale_w
 
 @rule("rollout_mismatch_level")
 def _rollout_mismatch(run: CanonicalRun) -> list[Finding]:
-    s = run.metrics.get("rollout_train_logp_diff")
-    if s is None or s.source != "training/rollout_probs_diff_mean":
+    got = _values(run, "rollout_train_logp_diff", 3)
+    if got is None or got[0].source != "training/rollout_probs_diff_mean":
         return []
-    v = _finite(s)
-    if v.size < 3:
-        return []
-    level = float(np.median(v[v.size // 2:]))  # the second half: a late onset still counts
+    s, v = got
+    level = _second_half_median(v)
     if level <= PROBS_DIFF_PROBLEM:
         return []
     return [Finding("rollout_mismatch_level", "rollout_train_logp_diff", s.source, level, PROBS_DIFF_PROBLEM,
@@ -112,13 +133,11 @@ RATIO_TOLERANCE = 0.05
 
 @rule("importance_ratio_level")
 def _importance_ratio(run: CanonicalRun) -> list[Finding]:
-    s = run.metrics.get("importance_ratio")
-    if s is None:
+    got = _values(run, "importance_ratio", 3)
+    if got is None:
         return []
-    v = _finite(s)
-    if v.size < 3:
-        return []
-    level = float(np.median(v[v.size // 2:]))
+    s, v = got
+    level = _second_half_median(v)
     if abs(level - 1.0) <= RATIO_TOLERANCE:
         return []
     return [Finding("importance_ratio_level", "importance_ratio", s.source, level, RATIO_TOLERANCE,
@@ -167,12 +186,10 @@ LR_FAR_ABOVE_RECIPES = 1e-4
 
 @rule("lr_level")
 def _lr_level(run: CanonicalRun) -> list[Finding]:
-    s = run.metrics.get("lr")
-    if s is None:
+    got = _values(run, "lr", 1)
+    if got is None:
         return []
-    v = _finite(s)
-    if v.size == 0:
-        return []
+    s, v = got
     peak = float(v.max())  # the schedule's peak: warm-up and decay do not count
     if peak <= LR_FAR_ABOVE_RECIPES:
         return []
@@ -185,25 +202,64 @@ def _lr_level(run: CanonicalRun) -> list[Finding]:
 #: A run shorter than this says too little about its trends.
 MIN_TREND_STEPS = 40
 
+#: The reward "rises" when the least-squares slope over the whole run is at least this many of its
+#: standard errors above 0. One standard error, not two: a small GRPO batch's reward is noisy (8
+#: completions a step: a healthy 200-step TRL run here rises 0.41 -> 0.53 at t = 1.7), and a run
+#: whose reward does not clear even one standard error shows no sign of learning.
+REWARD_RISE_T = 1.0
+NO_LEARNING_CLASSES = ("actor_update_omission", "reward_fault", "lr_misconfiguration")
+
+
+def slope_t(v: np.ndarray) -> float:
+    """The least-squares slope of ``v`` against its index, in standard errors (0 for a constant)."""
+    n = v.size
+    t = np.arange(n, dtype=np.float64) - (n - 1) / 2.0
+    sxx = float(t @ t)
+    slope = float(t @ (v - v.mean())) / sxx
+    resid = v - v.mean() - slope * t
+    se = math.sqrt(float(resid @ resid) / max(n - 2, 1) / sxx)
+    if se == 0.0:
+        return 0.0 if slope == 0.0 else math.copysign(math.inf, slope)
+    return slope / se
+
 
 @rule("reward_never_rises")
 def _reward_never_rises(run: CanonicalRun) -> list[Finding]:
-    s = run.metrics.get("reward_mean")
-    if s is None:
+    got = _values(run, "reward_mean", MIN_TREND_STEPS)
+    if got is None:
         return []
-    v = _finite(s)
-    if v.size < MIN_TREND_STEPS:
+    s, v = got
+    t = slope_t(v)
+    if t >= REWARD_RISE_T:
         return []
-    q = v.size // 4
-    first, last = float(np.mean(v[:q])), float(np.mean(v[-q:]))
-    spread = float(np.std(v[:q])) + 1e-12
-    rise = (last - first) / spread  # in the early steps' own noise
-    if rise > 0.5:
-        return []
-    return [Finding("reward_never_rises", "reward_mean", s.source, rise, 0.5,
-                    ("actor_update_omission", "reward_fault", "lr_misconfiguration"),
-                    f"{s.source} does not rise over the run (last quarter {last:.3g} vs first {first:.3g}; "
+    return [Finding("reward_never_rises", "reward_mean", s.source, t, REWARD_RISE_T, NO_LEARNING_CLASSES,
+                    f"{s.source} does not rise over the run (slope {t:+.2f} standard errors; first tenth "
+                    f"{np.mean(v[:v.size // 10]):.3g}, last tenth {np.mean(v[-(v.size // 10):]):.3g}; "
                     "a healthy run's reward rises)", "healthy-dynamics")]
+
+
+#: Share of prompt groups whose rewards all tie that leaves GRPO (almost) no signal, as a median
+#: over the first steps: a reward broken by construction ties from step 1, while a policy that an
+#: LR ×100 breaks takes a few steps to collapse onto tied (all-wrong) groups.
+TIED_GROUPS = 0.9
+FIRST_STEPS = 10
+
+
+@rule("no_reward_signal")
+def _no_reward_signal(run: CanonicalRun) -> list[Finding]:
+    """Tied rewards in every group from the first steps: the advantage is 0 everywhere, so the
+    reward is not scoring (a reward that is constant by construction). Tied groups that appear only
+    after the reward collapsed are the consequence of another fault, not this one."""
+    got = _values(run, "zero_std_frac", 10)
+    if got is None:
+        return []
+    s, v = got
+    first = float(np.median(v[:FIRST_STEPS]))
+    if first < TIED_GROUPS:
+        return []
+    return [Finding("no_reward_signal", "zero_std_frac", s.source, first, TIED_GROUPS, ("reward_fault",),
+                    f"{s.source} median {first:.0%} over the first {FIRST_STEPS} steps: every group's rewards tie "
+                    "from the start, so every advantage is 0", "grpo-advantage")]
 
 
 #: Entropy below this share of its start is a collapse; above this multiple, an explosion.
@@ -213,12 +269,10 @@ ENTROPY_EXPLOSION = 3.0
 
 @rule("entropy_extreme")
 def _entropy_extreme(run: CanonicalRun) -> list[Finding]:
-    s = run.metrics.get("entropy")
-    if s is None:
+    got = _values(run, "entropy", MIN_TREND_STEPS)
+    if got is None:
         return []
-    v = _finite(s)
-    if v.size < MIN_TREND_STEPS:
-        return []
+    s, v = got
     q = max(3, v.size // 10)
     start, end = float(np.median(v[:q])), float(np.median(v[-q:]))
     if start <= 0:
@@ -234,27 +288,37 @@ def _entropy_extreme(run: CanonicalRun) -> list[Finding]:
                     f"{s.source} {word}: ×{ratio:.3g} of its start by the end of the run", "healthy-dynamics")]
 
 
-#: KL to the reference that ends this many times above its early level, growing geometrically.
-KL_BLOWUP = 100.0
+#: KL to the reference still growing this many times over the second half of the run. Not against
+#: the first steps: the policy starts *at* the reference, so every healthy run's KL grows from ~0
+#: (a healthy TRL run here: ×200 from its first tenth), then slows down.
+KL_RUNAWAY = 10.0
+#: A per-token KL to the reference above this has left the reference behind (chosen: the healthy
+#: GRPO/PPO runs of the public reports log 1e-3 to 1e-1).
+KL_EXTREME = 1.0
+KL_CLASSES = ("kl_misconfiguration", "lr_misconfiguration")
 
 
-@rule("kl_blowup")
-def _kl_blowup(run: CanonicalRun) -> list[Finding]:
-    s = run.metrics.get("kl")
-    if s is None:
+@rule("kl_runaway")
+def _kl_runaway(run: CanonicalRun) -> list[Finding]:
+    got = _values(run, "kl", MIN_TREND_STEPS)
+    if got is None:
         return []
-    v = np.abs(_finite(s))
-    if v.size < MIN_TREND_STEPS:
-        return []
+    s, raw = got
+    v = np.abs(raw)
     q = max(3, v.size // 10)
-    early = float(np.median(v[:q])) + 1e-9
+    mid = float(np.median(v[v.size // 2 - q // 2: v.size // 2 - q // 2 + q])) + 1e-9
     late = float(np.median(v[-q:]))
-    growth = late / early
-    if growth < KL_BLOWUP:
-        return []
-    return [Finding("kl_blowup", "kl", s.source, growth, KL_BLOWUP, ("kl_misconfiguration", "lr_misconfiguration"),
-                    f"{s.source} grows ×{growth:.3g} over the run (a healthy run's KL grows slowly)",
-                    "healthy-dynamics")]
+    growth = late / mid
+    if growth >= KL_RUNAWAY:
+        return [Finding("kl_runaway", "kl", s.source, growth, KL_RUNAWAY, KL_CLASSES,
+                        f"{s.source} still grows ×{growth:.3g} over the second half of the run (a healthy run's "
+                        "KL grows early, then slows)", "healthy-dynamics")]
+    level = _second_half_median(v)
+    if level > KL_EXTREME:
+        return [Finding("kl_runaway", "kl", s.source, level, KL_EXTREME, KL_CLASSES,
+                        f"{s.source} median {level:.3g} over the second half, above {KL_EXTREME}: the policy has "
+                        "left the reference", "kl-range")]
+    return []
 
 
 #: A share of responses cut at the maximum length that a healthy run does not hold for long.
@@ -263,13 +327,11 @@ LENGTH_PINNED = 0.5
 
 @rule("length_pinned")
 def _length_pinned(run: CanonicalRun) -> list[Finding]:
-    s = run.metrics.get("length_clip_ratio")
-    if s is None:
+    got = _values(run, "length_clip_ratio", 10)
+    if got is None:
         return []
-    v = _finite(s)
-    if v.size < 10:
-        return []
-    level = float(np.median(v[v.size // 2:]))
+    s, v = got
+    level = _second_half_median(v)
     if level < LENGTH_PINNED:
         return []
     return [Finding("length_pinned", "length_clip_ratio", s.source, level, LENGTH_PINNED,

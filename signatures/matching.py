@@ -39,6 +39,8 @@ from moeproxy.signatures import dtw
 from moeproxy.signatures.canonical import CanonicalRun, RunMetrics, canonicalise
 from moeproxy.signatures.features import MetricSignature, RunSignature, run_signature
 from moeproxy.signatures.fingerprint import Fingerprint, FingerprintLibrary, MetricExpectation
+from moeproxy.signatures.levels import Finding, whole_run_evidence
+from moeproxy.signatures.siblings import SiblingNote, sibling_notes
 from moeproxy.signatures.vocabulary import CONTROL_METRICS, DEFAULT_ALIASES, MetricAlias
 
 
@@ -52,7 +54,6 @@ class Weights:
     direction_affected: float = 1.0
     direction_unaffected: float = 0.1
     surprise_change: float = 1.0  # an "unaffected" metric that changed in the run
-    control_surprise: float = 8.0  # the same for a setting (vocabulary.CONTROL_METRICS: lr, kl_coef)
     shape: float = 1.0
     timing: float = 0.5
     nonfinite: float = 2.0
@@ -75,7 +76,29 @@ class Weights:
     nonfinite_expected_rate: float = 0.5  # share of the fingerprint's runs with NaN/inf to expect them
     freeze_expected_rate: float = 0.5  # share of the fingerprint's runs that froze the metric to score it
     coverage_floor: float = 0.5  # score = raw * (floor + (1 - floor) * coverage)
+    # whole-run evidence (levels.py): a class's final score is
+    #   (mass * fingerprint score + sum of the weights of the findings supporting it)
+    #   / (mass + the same + the weights of the findings against it)
+    evidence_mass: float = 4.0  # what the fingerprint comparison weighs against the findings
+    finding_weights: Mapping[str, float] = field(default_factory=lambda: dict(FINDING_WEIGHTS))
+    finding_default: float = 1.0  # a rule without an entry in finding_weights
 
+
+#: How much each whole-run rule weighs (in units of one fingerprint-score mass of ``evidence_mass``):
+#: the definitional ones (NaN, a gradient of exactly 0, tied rewards from the start) nearly as much as
+#: the whole fingerprint comparison, a documented range less, a trend against healthy dynamics least.
+FINDING_WEIGHTS: dict[str, float] = {
+    "nonfinite": 4.0,
+    "grad_norm_zero": 4.0,
+    "no_reward_signal": 3.0,
+    "lr_level": 3.0,
+    "rollout_mismatch_level": 2.0,
+    "importance_ratio_level": 2.0,
+    "kl_runaway": 1.5,
+    "length_pinned": 1.0,
+    "entropy_extreme": 1.0,
+    "reward_never_rises": 1.0,
+}
 
 WEIGHTS = Weights()
 
@@ -121,6 +144,8 @@ class Candidate:
     fingerprint_id: str
     onset_step: int | None
     matches: tuple[MetricMatch, ...] = ()
+    fingerprint_score: float | None = None  # before the whole-run findings (None: no findings)
+    findings: tuple[Finding, ...] = ()  # the whole-run findings for or against this class
 
     def to_dict(self, *, details: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -134,6 +159,8 @@ class Candidate:
             d["fingerprint_id"] = self.fingerprint_id
             d["onset_step"] = self.onset_step
             d["metrics"] = [m.to_dict() for m in self.matches]
+            d["fingerprint_score"] = None if self.fingerprint_score is None else round(self.fingerprint_score, 4)
+            d["findings"] = [f.rule for f in self.findings]
         return d
 
 
@@ -146,6 +173,9 @@ class TriageResult:
     change_points: Mapping[str, int] = field(default_factory=dict)  # logged name -> onset step
     last_step: int | None = None
     strong_threshold: float = 0.0
+    view: str | None = None  # the calibrated metric set whose threshold applies (None: library-wide)
+    findings: tuple[Finding, ...] = ()  # whole-run evidence (levels.py)
+    siblings: tuple[SiblingNote, ...] = ()  # top candidates that tie on shared evidence (siblings.py)
 
     @property
     def top(self) -> Candidate | None:
@@ -159,11 +189,14 @@ class TriageResult:
             "evaluated_at": self.evaluated_at.isoformat(),
             "candidates": [c.to_dict(details=details) for c in self.candidates],
             "verdict": self.verdict,
+            "siblings": [note.to_dict() for note in self.siblings],
         }
         if details:
             d["change_points"] = dict(self.change_points)
             d["last_step"] = self.last_step
             d["strong_threshold"] = self.strong_threshold
+            d["view"] = self.view
+            d["findings"] = [f.to_dict() for f in self.findings]
         return d
 
 
@@ -173,7 +206,9 @@ class TriageResult:
 def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLibrary, *,
            framework: str | None = None, aliases: Iterable[MetricAlias] = DEFAULT_ALIASES,
            run_id: Any = None, now: datetime | None = None, weights: Weights = WEIGHTS) -> TriageResult:
-    """Rank every fault class of ``library`` (healthy included) for one run."""
+    """Rank every fault class of ``library`` (healthy included) for one run: each class's best
+    fingerprint score, combined with the run's whole-run findings, judged against the threshold of
+    the calibrated metric set nearest to what the run logs."""
     sig = _signature(run, library, framework, aliases)
     by_class: dict[str, FingerprintScore] = {}
     for fp in library.fingerprints:
@@ -181,9 +216,10 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
         best = by_class.get(fp.fault_class)
         if best is None or s.score > best.score:
             by_class[fp.fault_class] = s
-    thr = library.calibration.strong_threshold
-    ranked = sorted(by_class.values(), key=lambda s: (-s.score, s.fingerprint.fault_class))
-    candidates = tuple(_candidate(sig, s, thr, weights) for s in ranked)
+    findings = tuple(whole_run_evidence(sig.run))
+    view, thr = library.calibration.threshold_for(set(sig.metrics) & library_metrics(library))
+    scored = [_candidate(sig, s, thr, weights, findings) for s in by_class.values()]
+    candidates = tuple(sorted(scored, key=lambda c: (-c.score, c.fault_class)))
     change_points = {m.source: m.onset_step for m in sig.metrics.values() if m.onset_step is not None}
     return TriageResult(
         run_id=run_id,
@@ -193,7 +229,34 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
         change_points=change_points,
         last_step=int(sig.steps[-1]) if sig.steps.size else None,
         strong_threshold=thr,
+        view=view,
+        findings=findings,
+        siblings=sibling_notes(candidates, logged=set(sig.metrics)),
     )
+
+
+def library_metrics(library: FingerprintLibrary) -> frozenset[str]:
+    """Every canonical metric some fingerprint of ``library`` compares (settings excluded)."""
+    cache = library.__dict__.setdefault("_metrics", {})
+    if "all" not in cache:
+        cache["all"] = frozenset(m for fp in library.fingerprints for m in fp.metrics) - CONTROL_METRICS
+    return cache["all"]
+
+
+def with_findings(score: float, fault_class: str, findings: Iterable[Finding], w: Weights = WEIGHTS) -> float:
+    """A class's fingerprint score moved by the whole-run findings: toward 1 by each finding that
+    supports the class, toward 0 by each that is evidence against it, by the finding's weight
+    against ``evidence_mass``. Findings about other classes leave it where it is."""
+    num = den = w.evidence_mass
+    num *= score
+    for f in findings:
+        weight = w.finding_weights.get(f.rule, w.finding_default)
+        if fault_class in f.supports:
+            num += weight
+            den += weight
+        elif fault_class in f.against:
+            den += weight
+    return num / den
 
 
 def _signature(run, library, framework, aliases) -> RunSignature:
@@ -225,6 +288,8 @@ def score_fingerprint(sig: RunSignature, fp: Fingerprint, library: FingerprintLi
     cover_have = cover_all = 0.0
     matches = []
     for name, exp in fp.metrics.items():
+        if name in CONTROL_METRICS:  # a setting is not model behaviour (vocabulary.CONTROL_METRICS)
+            continue
         w_cover = weights.direction_affected if exp.affected else weights.direction_unaffected
         cover_all += w_cover
         ms = sig.metrics.get(name)
@@ -319,7 +384,7 @@ def direction_part(c: MetricContext) -> Part:
         return Part(w.direction_affected if exp.affected else w.direction_unaffected, score)
     score = 1.0 if ms.direction == 0 else w.direction_surprise_score
     if ms.direction != 0:
-        weight = w.control_surprise if ms.name in CONTROL_METRICS else w.surprise_change
+        weight = w.surprise_change
     else:
         weight = w.direction_flat_affected if exp.affected else w.direction_unaffected
     return Part(weight, score)
@@ -441,12 +506,16 @@ def _reference_stack(exp: MetricExpectation, n: int) -> np.ndarray:
 # evidence in plain words
 
 
-def _candidate(sig: RunSignature, s: FingerprintScore, threshold: float, weights: Weights) -> Candidate:
+def _candidate(sig: RunSignature, s: FingerprintScore, threshold: float, weights: Weights,
+               findings: Sequence[Finding] = ()) -> Candidate:
     fp = s.fingerprint
-    strength = "strong" if s.score >= threshold else "weak"
+    mine = tuple(f for f in findings if fp.fault_class in f.supports or fp.fault_class in f.against)
+    score = with_findings(s.score, fp.fault_class, mine, weights) if mine else s.score
+    strength = "strong" if score >= threshold else "weak"
     onset_step = None if s.onset_index is None else int(sig.steps[s.onset_index])
-    return Candidate(fp.fault_class, fp.family, s.score, strength, tuple(evidence(sig, s, weights=weights)), fp.id,
-                     onset_step, s.matches)
+    lines = [f.text if fp.fault_class in f.supports else f"against {fp.fault_class}: {f.text}" for f in mine]
+    return Candidate(fp.fault_class, fp.family, score, strength, tuple(lines + evidence(sig, s, weights=weights)),
+                     fp.id, onset_step, s.matches, s.score if mine else None, mine)
 
 
 def describe_metric(ms: MetricSignature) -> str | None:

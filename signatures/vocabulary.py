@@ -172,11 +172,30 @@ DEFAULT_ALIASES: tuple[MetricAlias, ...] = tuple(
     for name in names
 )
 
-# TRL logs one reward component per reward function as rewards/<function>/mean.
 #: Settings the trainer logs as metrics (canonical names, or logged names where there is no
-#: canonical one). A model fault cannot move them: they change when a person or a schedule does,
-#: so a change a fingerprint does not expect counts as strong evidence against it.
+#: canonical one). A model fault cannot move them: they change when a person or a schedule does
+#: (warm-up, decay), and a production framework logs the configured value, which a bug in code does
+#: not change. So the matcher does not compare them with fingerprints at all; a setting is evidence
+#: only as a level from step 0 against a documented range (signatures/levels.py, ``lr_level``).
 CONTROL_METRICS: frozenset[str] = frozenset({"lr", "actor/kl_coef"})
+
+
+def _logged_by(framework: str) -> frozenset[str]:
+    return frozenset(c for c, by_framework in _TABLE.items() if framework in by_framework) - CONTROL_METRICS
+
+
+#: The canonical metrics of each framework's standard logger set (SPEC section 4), the sets the
+#: library is calibrated on (``calibrate.per_view_calibration``): a run is judged against the
+#: threshold of the set nearest to what it logs. ``None`` keeps every metric (the library's own
+#: runs log verl's names and the engine's MoE diagnostics); ``minimal`` is what any loop logs.
+VIEWS: dict[str, frozenset[str] | None] = {
+    "verl": None,
+    "trl": _logged_by("trl"),
+    "openrlhf": _logged_by("openrlhf"),
+    "minimal": frozenset({"reward_mean", "kl", "entropy", "grad_norm", "pg_loss", "response_length"}),
+}
+
+# TRL logs one reward component per reward function as rewards/<function>/mean.
 
 REWARD_COMPONENT_PREFIX = "rewards/"
 REWARD_COMPONENT_SUFFIX = "/mean"

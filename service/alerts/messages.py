@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from moeproxy.signatures.siblings import SiblingNote
+
 # Slack limits (Block Kit reference): section text 3000 chars, header 150, 10 fields, 50 blocks.
 _SECTION_MAX = 3000
 _HEADER_MAX = 150
 EVIDENCE_LINES = 3
 TOP_CLASSES = 3
+SEPARATOR_LINES = 3  # of a sibling note's "log X" / "look at X" / test sentences
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +41,13 @@ class AlertMessage:
     last_step: int | None = None
     evidence: tuple[str, ...] = ()
     top: tuple[RankedClass, ...] = field(default=())
+    siblings: tuple[SiblingNote, ...] = ()  # the triage's tie between close classes, if any
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["evidence"] = list(self.evidence)
         data["top"] = [asdict(t) for t in self.top]
+        data["siblings"] = [n.to_dict() for n in self.siblings]
         return data
 
     @classmethod
@@ -50,6 +55,8 @@ class AlertMessage:
         data = dict(data)
         data["evidence"] = tuple(data.get("evidence", ()))
         data["top"] = tuple(RankedClass(**t) for t in data.get("top", ()))
+        # outbox rows stored before sibling notes have no "siblings"
+        data["siblings"] = tuple(SiblingNote.from_dict(n) for n in data.get("siblings", ()))
         return cls(**data)
 
 
@@ -73,6 +80,20 @@ def summary_line(msg: AlertMessage) -> str:
     )
 
 
+def siblings_text(msg: AlertMessage) -> str | None:
+    """The sibling section's mrkdwn (None without a tie): each note's sentence, then the first
+    separating metrics and tests."""
+    if not msg.siblings:
+        return None
+    parts = []
+    for note in msg.siblings:
+        lines = [_escape(note.text), *(f"• {_escape(s)}" for s in note.separate_by[:SEPARATOR_LINES])]
+        if len(note.separate_by) > SEPARATOR_LINES:
+            lines.append(f"_{len(note.separate_by) - SEPARATOR_LINES} more on the triage page_")
+        parts.append("\n".join(lines))
+    return "*Close siblings: what would separate them*\n" + "\n\n".join(parts)
+
+
 def slack_blocks(msg: AlertMessage) -> dict[str, Any]:
     """The Slack payload: ``text`` (notification fallback) plus Block Kit ``blocks``."""
     ranking = "\n".join(
@@ -82,6 +103,7 @@ def slack_blocks(msg: AlertMessage) -> dict[str, Any]:
     evidence = (
         "\n".join(f"• {_escape(line)}" for line in msg.evidence[:EVIDENCE_LINES]) or "_no evidence lines_"
     )
+    siblings = siblings_text(msg)
     blocks: list[dict[str, Any]] = [
         {
             "type": "header",
@@ -104,6 +126,11 @@ def slack_blocks(msg: AlertMessage) -> dict[str, Any]:
             "type": "section",
             "text": {"type": "mrkdwn", "text": _clip(f"*Evidence*\n{evidence}", _SECTION_MAX)},
         },
+        *(
+            [{"type": "section", "text": {"type": "mrkdwn", "text": _clip(siblings, _SECTION_MAX)}}]
+            if siblings
+            else []
+        ),
         {
             "type": "actions",
             "elements": [

@@ -24,6 +24,7 @@ from moeproxy.service.alerts.models import AlertOutbox, OutboxStatus
 from moeproxy.service.alerts.policy import due_alerts
 from moeproxy.service.db import Database, utcnow
 from moeproxy.service.triage.schemas import TriageResponse
+from moeproxy.signatures.siblings import SiblingNote
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -76,6 +77,7 @@ def build_message(
         last_step=triage.last_step,
         evidence=tuple(candidate.evidence),
         top=tuple(RankedClass(c.fault_class, c.family, c.score, c.strength) for c in triage.candidates[:3]),
+        siblings=tuple(SiblingNote.from_dict(n.model_dump()) for n in triage.siblings),
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from moeproxy.service.triage.errors import LibraryUnavailable
-from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse
+from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse, TriageSiblingNote
 from moeproxy.signatures.vocabulary import MetricAlias
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class SignatureEngine:
             evaluated_at=result.evaluated_at,
             candidates=candidates,
             verdict=result.verdict,
+            siblings=[TriageSiblingNote(**n.to_dict()) for n in result.siblings],
             last_step=run.last_step,
             details=_json_safe(details),
         )

@@ -8,11 +8,14 @@ from datetime import UTC, datetime
 
 from moeproxy.service.runs.models import Run
 from moeproxy.service.triage.models import TriageClassHistory, TriageEvaluation
-from moeproxy.service.triage.schemas import ClassHistory, TriageCandidate, TriageResponse
+from moeproxy.service.triage.schemas import ClassHistory, TriageCandidate, TriageResponse, TriageSiblingNote
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 OUTCOME_TOP_K = 3  # ranking changes below the top three do not make a new history entry
+# The sibling notes are stored in the evaluation's JSON ``details`` column under this key (a list
+# the engine adds needs no schema migration); a row stored before them reads as no note.
+SIBLINGS_KEY = "siblings"
 
 
 def as_utc(value: datetime) -> datetime:
@@ -53,12 +56,13 @@ def store(session: Session, result: TriageResponse) -> TriageEvaluation:
     session.execute(select(Run.id).where(Run.id == result.run_id).with_for_update())
     key = outcome_key(result.verdict, result.candidates)
     candidates = [c.model_dump(mode="json") for c in result.candidates]
+    details = {**result.details, SIBLINGS_KEY: [n.model_dump(mode="json") for n in result.siblings]}
     top = result.candidates[0] if result.candidates else None
     row = latest(session, result.run_id)
     if row is not None and row.outcome_key == key:
         row.evaluated_at = result.evaluated_at
         row.evaluations += 1
-        row.last_step, row.candidates, row.details = result.last_step, candidates, result.details
+        row.last_step, row.candidates, row.details = result.last_step, candidates, details
         row.top_score = top.score if top else 0.0
     else:
         row = TriageEvaluation(
@@ -72,7 +76,7 @@ def store(session: Session, result: TriageResponse) -> TriageEvaluation:
             top_strength=top.strength if top else "weak",
             outcome_key=key,
             candidates=candidates,
-            details=result.details,
+            details=details,
         )
         session.add(row)
     _update_history(session, result)
@@ -117,15 +121,18 @@ def history(session: Session, run_id: int) -> list[ClassHistory]:
 
 
 def to_response(session: Session, row: TriageEvaluation, *, with_history: bool = True) -> TriageResponse:
+    details = dict(row.details or {})
+    siblings = details.pop(SIBLINGS_KEY, None) or []
     return TriageResponse(
         run_id=row.run_id,
         evaluated_at=as_utc(row.evaluated_at),
         candidates=[TriageCandidate.model_validate(c) for c in row.candidates],
         verdict=row.verdict,
+        siblings=[TriageSiblingNote.model_validate(n) for n in siblings],
         last_step=row.last_step,
         evaluations=row.evaluations,
         history=history(session, row.run_id) if with_history else [],
-        details=row.details or {},
+        details=details,
     )
 
 

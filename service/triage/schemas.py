@@ -20,6 +20,22 @@ class TriageCandidate(BaseModel):
     evidence: list[str] = Field(default_factory=list)
 
 
+class TriageSiblingNote(BaseModel):
+    """Top candidates within a small margin of each other on the same evidence, and what would
+    separate them (``moeproxy.signatures.siblings.SiblingNote``)."""
+
+    classes: list[str]
+    scores: list[float]
+    shared_evidence: list[str] = Field(
+        default_factory=list, description="logged metrics the tied classes' evidence rests on in common"
+    )
+    separate_by: list[str] = Field(
+        default_factory=list,
+        description='metrics to log ("log X"), metrics to look at ("look at X"), then tests',
+    )
+    text: str
+
+
 class ClassHistory(BaseModel):
     fault_class: str
     first_likely_at: datetime | None = None
@@ -37,6 +53,7 @@ class TriageResponse(BaseModel):
     evaluated_at: datetime
     candidates: list[TriageCandidate]
     verdict: str
+    siblings: list[TriageSiblingNote] = Field(default_factory=list)  # empty when the top has no tie
     last_step: int | None = None
     evaluations: int = 1  # evaluations folded into the stored outcome this response comes from
     history: list[ClassHistory] = Field(default_factory=list)

@@ -33,7 +33,7 @@ def test_triage_file_json(tmp_path, library_dir):
     res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
-    assert set(d) == {"run_id", "evaluated_at", "candidates", "verdict"}
+    assert set(d) == {"run_id", "evaluated_at", "candidates", "verdict", "siblings"}
     assert d["candidates"][0]["fault_class"] == "gradient_overflow"
 
 

@@ -22,7 +22,9 @@ from moeproxy.signatures.vocabulary import CONTROL_METRICS
 from .conftest import CLASSES
 
 # The weights of the parts (the docs' "weight" column); the other fields are constants inside parts.
-PART_WEIGHTS = ("direction_affected", "direction_unaffected", "surprise_change", "control_surprise", "shape",
+#: The weights of the whole-run findings (applied by matching.with_findings, tested below).
+FINDING_FIELDS = ("evidence_mass", "finding_weights", "finding_default")
+PART_WEIGHTS = ("direction_affected", "direction_unaffected", "surprise_change", "shape",
                 "timing", "nonfinite", "freeze", "magnitude", "trend", "volatility", "direction_flat_affected")
 
 
@@ -47,6 +49,8 @@ def _direct_score(sig, fp) -> float:
     onset = class_onset(sig, fp) if fp.aligned else None
     num = den = cover_have = cover_all = 0.0
     for name, exp in fp.metrics.items():
+        if name in CONTROL_METRICS:  # settings are not compared with fingerprints
+            continue
         cover = 1.0 if exp.affected else 0.1
         cover_all += cover
         ms = sig.metrics.get(name)
@@ -59,7 +63,7 @@ def _direct_score(sig, fp) -> float:
                 (0.25 + 0.75 * (1.0 - exp.agreement)) if ms.direction == 0 else 0.0)
             terms.append((1.0 if exp.affected else 0.1, s))
         elif ms.direction != 0:
-            terms.append((8.0 if name in CONTROL_METRICS else 1.0, 0.15))
+            terms.append((1.0, 0.15))
         else:
             terms.append((0.2 if exp.affected else 0.1, 1.0))
         if exp.nonfinite_rate >= 0.5 or ms.has_nonfinite:
@@ -158,7 +162,7 @@ def test_every_constant_in_weights_moves_some_score(synthetic_library):
     pairs = [(sig, fp) for sig in _signatures(synthetic_library) for fp in synthetic_library.fingerprints]
     base = [score_fingerprint(sig, fp, synthetic_library).score for sig, fp in pairs]
     for f in fields(WEIGHTS):
-        if f.name in PART_WEIGHTS:
+        if f.name in PART_WEIGHTS or f.name in FINDING_FIELDS:
             continue
         v = getattr(WEIGHTS, f.name)
         moved = any(
@@ -167,3 +171,31 @@ def test_every_constant_in_weights_moves_some_score(synthetic_library):
             for (sig, fp), b in zip(pairs, base)
         )
         assert moved, f"Weights.{f.name} changes no score"
+
+
+def _finding(rule: str, supports=("reward_fault",)):
+    from moeproxy.signatures.levels import Finding
+
+    return Finding(rule, "reward_mean", "reward", 0.0, 1.0, supports, "text", "healthy-dynamics")
+
+
+def test_findings_move_a_score_by_their_weight_against_the_mass():
+    """with_findings as docs/signatures.md writes it: (mass * s + supporting) / (mass + supporting
+    + against); a finding about other classes leaves a class's score alone."""
+    from moeproxy.signatures.levels import RULES
+    from moeproxy.signatures.matching import FINDING_WEIGHTS, with_findings
+
+    assert set(FINDING_WEIGHTS) == set(RULES)  # every rule has its weight
+    f = _finding("no_reward_signal")
+    w = FINDING_WEIGHTS["no_reward_signal"]
+    m = WEIGHTS.evidence_mass
+    assert with_findings(0.4, "reward_fault", [f]) == pytest.approx((m * 0.4 + w) / (m + w))
+    assert with_findings(0.4, "healthy", [f]) == pytest.approx(m * 0.4 / (m + w))
+    assert with_findings(0.4, "lr_misconfiguration", [f]) == pytest.approx(0.4)
+    for name in FINDING_FIELDS:
+        v = getattr(WEIGHTS, name)
+        other = {k: 2 * x + 1 for k, x in v.items()} if isinstance(v, dict) else 2 * v + 1
+        changed = replace(WEIGHTS, **{name: other})
+        rule = "no_reward_signal" if name != "finding_default" else "a_rule_without_a_weight"
+        assert (with_findings(0.4, "reward_fault", [_finding(rule)], changed)
+                != with_findings(0.4, "reward_fault", [_finding(rule)])), name

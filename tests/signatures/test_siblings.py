@@ -1,0 +1,143 @@
+"""Sibling notes (issue 17, item 4): a tie on shared evidence is named with what would separate it."""
+
+from __future__ import annotations
+
+import pytest
+from moeproxy.reproduction.catalogue import FAULT_CLASSES
+from moeproxy.signatures.matching import Candidate, MetricMatch
+from moeproxy.signatures.siblings import SEPARATORS, SiblingNote, agreeing_metrics, sibling_notes
+from moeproxy.signatures.vocabulary import CANONICAL_METRICS, CONTROL_METRICS
+
+# canonical -> the verl name a run logs it under
+SOURCES = {
+    "rollout_train_logp_diff": "training/rollout_probs_diff_mean",
+    "rollout_train_logp_diff_max": "training/rollout_probs_diff_max",
+    "rollout_train_logp_diff_std": "training/rollout_probs_diff_std",
+    "rollout_corr/log_ppl_abs_diff": "rollout_corr/log_ppl_abs_diff",
+    "routing_agreement": "moe/routing_agreement",
+    "reward_mean": "critic/score/mean",
+    "kl": "actor/kl_loss",
+    "lr": "actor/lr",
+    "ppo_kl": "actor/ppo_kl",
+}
+MISMATCH = ("rollout_train_logp_diff", "rollout_train_logp_diff_max", "rollout_train_logp_diff_std",
+            "rollout_corr/log_ppl_abs_diff")
+
+
+def agree(metric: str) -> MetricMatch:
+    """An affected metric that rose in the run as the fingerprint expects."""
+    return MetricMatch(metric, SOURCES.get(metric, metric), True, 1, 1, 1.0)
+
+
+def flat_agree(metric: str) -> MetricMatch:
+    """An affected metric expected flat and flat in the run: agreement on no change."""
+    return MetricMatch(metric, SOURCES.get(metric, metric), True, 0, 0, 1.0)
+
+
+def missed(metric: str) -> MetricMatch:
+    return MetricMatch(metric, SOURCES.get(metric, metric), True, 1, 0, 0.25)
+
+
+def unlogged(metric: str) -> MetricMatch:
+    return MetricMatch(metric, SOURCES.get(metric, metric), True, 1, None, None)
+
+
+def candidate(fault_class: str, score: float, *matches: MetricMatch) -> Candidate:
+    return Candidate(fault_class, FAULT_CLASSES[fault_class].family, score, "weak",
+                     ("a line",), f"{fault_class}/x", 10, matches)
+
+
+def demo_like(*, gap: float = 0.0) -> list[Candidate]:
+    """The shape of the demo run's ranking: three mismatch classes on the same four metrics."""
+    return [
+        candidate("rollout_logp_precision", 0.64, *(agree(m) for m in MISMATCH),
+                  unlogged("routing_agreement")),
+        candidate("operator_numeric_noise", 0.61 - gap, *(agree(m) for m in MISMATCH), flat_agree("kl")),
+        candidate("stale_weight_sync", 0.60 - gap, *(agree(m) for m in MISMATCH[:3]), missed("kl")),
+        candidate("lr_misconfiguration", 0.40, agree("lr"), missed("kl")),
+        candidate("healthy", 0.30),
+    ]
+
+
+def test_a_tie_on_shared_evidence_names_what_separates_it():
+    (note,) = sibling_notes(demo_like(), logged={"rollout_train_logp_diff"})
+    assert note.classes == ("rollout_logp_precision", "operator_numeric_noise", "stale_weight_sync")
+    assert note.scores == (0.64, 0.61, 0.60)
+    # the logged names the three agree on (stale_weight_sync lacks log_ppl_abs_diff: Jaccard 3/4)
+    assert note.shared_evidence == (
+        "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+        "training/rollout_probs_diff_std")
+    assert ("rollout_logp_precision (0.64), operator_numeric_noise (0.61) and stale_weight_sync (0.60)"
+            in note.text)
+    assert "within 0.05" in note.text and "training/rollout_probs_diff_mean" in note.text
+    by_start = [s.split(":")[0] for s in note.separate_by]
+    assert "log rollout_corr/k3_kl" in by_start and "log moe/routing_agreement" in by_start
+    stale = next(s for s in note.separate_by if s.startswith("look at training/rollout_probs_diff_mean"))
+    assert "growing with the steps since the last sync" in stale and "holds it flat" in stale
+    assert any("recompute one batch's rollout log-probs in fp32" in s for s in note.separate_by)
+    assert any("force a full weight sync" in s for s in note.separate_by)
+    # metrics to log first, then metrics to look at, then tests
+    kinds = [0 if s.startswith("log ") else 1 if s.startswith("look at ") else 2 for s in note.separate_by]
+    assert kinds == sorted(kinds) and kinds[0] == 0 and kinds[-1] == 2
+    assert SiblingNote.from_dict(note.to_dict()) == note
+
+
+def test_a_gap_beyond_the_margin_is_no_tie():
+    assert sibling_notes(demo_like(gap=0.03)) == ()  # 0.64 vs 0.58: 0.06 apart
+    assert sibling_notes(demo_like(gap=0.03), margin=0.07)  # the margin is a parameter
+    (note,) = sibling_notes(demo_like(gap=0.01))  # 0.64 vs 0.60 and 0.59
+    assert len(note.classes) == 3
+
+
+def test_close_scores_on_other_evidence_are_no_tie():
+    candidates = [
+        candidate("rollout_logp_precision", 0.64, *(agree(m) for m in MISMATCH)),
+        candidate("lr_misconfiguration", 0.63, agree("lr"), agree("kl"), agree("ppo_kl")),
+        candidate("reward_fault", 0.62, agree("reward_mean"), *(agree(m) for m in MISMATCH[:1])),
+        candidate("healthy", 0.62),
+    ]
+    assert sibling_notes(candidates) == ()
+
+
+def test_agreeing_on_no_change_is_not_shared_evidence():
+    # Both agree on four metrics staying flat and on nothing that moved: no evidence, no note.
+    flat = [flat_agree(m) for m in MISMATCH]
+    candidates = [candidate("reward_fault", 0.5, *flat), candidate("actor_update_omission", 0.49, *flat)]
+    assert agreeing_metrics(candidates[0]) == frozenset()
+    assert sibling_notes(candidates) == ()
+
+
+def test_a_metric_the_run_logs_is_looked_at_not_logged():
+    candidates = demo_like()
+    (not_logged,) = sibling_notes(candidates, logged=set())
+    assert any(s.startswith("log moe/routing_agreement:") for s in not_logged.separate_by)
+    (logged,) = sibling_notes(candidates, logged={"routing_agreement"})
+    assert any(s.startswith("look at moe/routing_agreement:") for s in logged.separate_by)
+    assert not any(s.startswith("log moe/routing_agreement") for s in logged.separate_by)
+    # a metric seen in the run's matches is logged even when the caller did not say so
+    assert any(s.startswith("look at training/rollout_probs_diff_mean:") for s in not_logged.separate_by)
+
+
+def test_healthy_joins_only_from_the_top():
+    fault_top = [candidate("lr_misconfiguration", 0.50, agree("lr"), agree("kl")), candidate("healthy", 0.49)]
+    assert sibling_notes(fault_top) == ()
+    healthy_top = [candidate("healthy", 0.50),
+                   candidate("lr_misconfiguration", 0.48, agree("lr"), agree("kl")),
+                   candidate("kl_misconfiguration", 0.47, agree("reward_mean"))]
+    (note,) = sibling_notes(healthy_top, logged={"lr", "kl"})
+    # the best fault is the anchor; kl_misconfiguration is as close but on other evidence
+    assert note.classes == ("healthy", "lr_misconfiguration")
+    assert "does not tell a healthy run from it" in note.text
+    assert any("a healthy run keeps it flat and below 0.005" in s for s in note.separate_by)
+    assert any(s.startswith("look at actor/lr:") for s in note.separate_by)
+
+
+@pytest.mark.parametrize("fault_class", sorted(FAULT_CLASSES))
+def test_every_catalogue_class_has_separators_on_known_metrics(fault_class):
+    sep = SEPARATORS[fault_class]
+    assert sep.metrics or sep.tests
+    for metric in sep.metrics:
+        assert metric.canonical in CANONICAL_METRICS or metric.canonical in CONTROL_METRICS, metric
+        assert metric.against <= set(FAULT_CLASSES), metric.against - set(FAULT_CLASSES)
+    for test in sep.tests:
+        assert test.against <= set(FAULT_CLASSES)
