@@ -13,12 +13,18 @@ Stages (each reuses what is on disk, so the script can be stopped at any time an
     OMP_NUM_THREADS=2 nice -n 10 python benchmarks/campaign_v2.py --work runs/campaign-v2
 
 The campaign manifest (every job: seed, onset, wall time, the trace's SHA-256) is copied to
-``benchmarks/results/campaign-v2/manifest.json`` after each job.
+``benchmarks/results/campaign-v2/manifest.json`` after each job, and each finished trace, gzipped, to
+``benchmarks/results/campaign-v2/traces/`` (committed: the diagnosis benchmark reads them there). The
+work directory is scratch: when it is lost, the proxy is rebuilt (its weights hash must equal the
+manifest's, or the campaign stops rather than mix two proxies), and the committed traces are put back
+(each checked against its hash), so only unfinished jobs run again.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import json
 import os
 import platform
@@ -63,6 +69,8 @@ def engine_for(batch: tuple[int, int, int], threads: int) -> dict:
 
 def stage_measure(proxy: Path, work: Path, budget_h: float, threads: int, steps: int) -> dict:
     sizing_file = work / "sizing.json"
+    if not sizing_file.exists() and (RESULTS / "sizing.json").exists():
+        shutil.copy(RESULTS / "sizing.json", sizing_file)  # measured once; a new work directory keeps it
     if sizing_file.exists():
         return json.loads(sizing_file.read_text())
     from moeproxy.reproduction.campaign import JobInput, default_campaign, run_job
@@ -97,13 +105,68 @@ def stage_measure(proxy: Path, work: Path, budget_h: float, threads: int, steps:
     return sizing
 
 
+TRACES = RESULTS / "traces"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def keep_trace(campaign: Path, record: dict) -> None:
+    """Gzip a finished job's trace into the committed copy (deterministic: no name or time in the header)."""
+    src = campaign / record["trace"]
+    dst = TRACES / (record["trace"] + ".gz")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(dst, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+        gz.write(src.read_bytes())
+
+
+def restore(proxy: Path, campaign: Path) -> int:
+    """Put the committed manifest and traces back into a work directory that lost them; returns how many."""
+    saved = RESULTS / "manifest.json"
+    if not saved.exists():
+        return 0
+    manifest = json.loads(saved.read_text())
+    from moeproxy.reproduction.campaign import _weights_hash
+
+    have = _weights_hash(proxy)
+    if have != manifest["model"]["weights_sha256"]:
+        raise SystemExit(f"the rebuilt proxy's weights hash {have[:12]} is not the campaign's "
+                         f"{manifest['model']['weights_sha256'][:12]}; the committed traces were made on another "
+                         "proxy: move benchmarks/results/campaign-v2 aside to start the campaign again")
+    campaign.mkdir(parents=True, exist_ok=True)
+    manifest["model"]["path"] = str(proxy.resolve())  # the same weights, wherever the work directory is now
+    restored = 0
+    for rec in manifest["jobs"]:
+        if rec.get("state") != "finished":
+            continue
+        dst = campaign / rec["trace"]
+        gz = TRACES / (rec["trace"] + ".gz")
+        if dst.is_file() and _sha256(dst) == rec["trace_sha256"]:
+            continue
+        if gz.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(gzip.decompress(gz.read_bytes()))
+            if _sha256(dst) == rec["trace_sha256"]:
+                restored += 1
+                continue
+            dst.unlink()
+        rec.update(state="pending", trace=None, trace_sha256=None)  # lost: it runs again
+    if not (campaign / "manifest.json").exists() or restored:
+        (campaign / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return restored
+
+
 def stage_run(proxy: Path, work: Path, sizing: dict, steps: int) -> None:
     from moeproxy.reproduction.campaign import default_campaign, run_campaign
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     jobs = default_campaign(steps=steps).jobs()
+    print(f"restored {restore(proxy, work / 'campaign')} committed traces", flush=True)
 
     def keep_manifest(job, record) -> None:
+        if record["state"] == "finished":
+            keep_trace(work / "campaign", record)
         shutil.copy(work / "campaign" / "manifest.json", RESULTS / "manifest.json")
         print(f"{record['state']}: {job.id} ({record.get('wall_time_s')} s)", flush=True)
 
