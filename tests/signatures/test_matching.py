@@ -209,3 +209,23 @@ def test_a_setting_that_moves_is_not_compared_with_any_fingerprint(synthetic_lib
         b = score_fingerprint(sig_without, fp, synthetic_library)
         assert a.score == pytest.approx(b.score, abs=1e-9), fp.id
         assert "lr" not in {m.metric for m in a.matches}
+
+
+def test_a_warm_up_and_linear_decay_are_not_evidence_at_triage(synthetic_library):
+    """A healthy run whose logged LR warms up for a tenth of the run and then decays linearly to 0
+    (TRL's and verl's usual schedules) is triaged exactly as the same run without an LR column."""
+    from moeproxy.signatures.canonical import MetricSeries, RunMetrics, canonicalise
+
+    run = synthetic_run("healthy", seed=43, **HELDOUT)
+    lr_names = {n for n in run.series if canonicalise(RunMetrics({n: run.series[n]})).metrics.keys() == {"lr"}}
+    without = RunMetrics({n: s for n, s in run.series.items() if n not in lr_names}, run.framework, run.name)
+    steps = next(iter(without.series.values())).steps
+    n = len(steps)
+    t = np.arange(n)
+    warm = max(1, n // 10)
+    schedule = np.where(t < warm, 1e-6 * (t + 1) / warm, 1e-6 * (n - t) / (n - warm))
+    with_lr = RunMetrics({**without.series, "actor/lr": MetricSeries(steps, schedule)}, run.framework, run.name)
+    a, b = triage(with_lr, synthetic_library), triage(without, synthetic_library)
+    assert "lr" in canonicalise(with_lr).metrics and not a.findings
+    assert [c.fault_class for c in a.candidates] == [c.fault_class for c in b.candidates]
+    assert [c.score for c in a.candidates] == pytest.approx([c.score for c in b.candidates], abs=1e-9)
