@@ -22,3 +22,19 @@ def alerts_db(tmp_path):
     db = Database(url)
     yield db
     db.dispose()
+
+
+@pytest.fixture
+def run_id(alerts_db):
+    """A run of project "rl-team" named "qwen3-grpo" in the alerts database."""
+    from moeproxy.service.runs.models import Run
+    from moeproxy.service.tokens.models import Project
+
+    with alerts_db.scope() as s:
+        project = Project(name="rl-team")
+        s.add(project)
+        s.flush()
+        run = Run(project_id=project.id, name="qwen3-grpo", framework="verl")
+        s.add(run)
+        s.flush()
+        return run.id

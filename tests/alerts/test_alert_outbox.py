@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-import pytest
 from moeproxy.service.alerts.models import AlertOutbox, OutboxStatus
 from moeproxy.service.alerts.outbox import (
     OutboxWorker,
@@ -16,24 +15,10 @@ from moeproxy.service.alerts.outbox import (
     resolver_from_urls,
 )
 from moeproxy.service.db import utcnow
-from moeproxy.service.runs.models import Run
-from moeproxy.service.tokens.models import Project
 from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse
 from sqlalchemy import select
 
 FAST = RetryPolicy(base_s=0.01, max_backoff_s=0.05)
-
-
-@pytest.fixture
-def run_id(alerts_db):
-    with alerts_db.scope() as s:
-        project = Project(name="rl-team")
-        s.add(project)
-        s.flush()
-        run = Run(project_id=project.id, name="qwen3-grpo", framework="verl")
-        s.add(run)
-        s.flush()
-        return run.id
 
 
 def triage(run_id: int, *ranked: tuple[str, float, str]) -> TriageResponse:

@@ -12,8 +12,6 @@ from moeproxy.service.alerts.messages import (
 from moeproxy.service.alerts.models import AlertOutbox
 from moeproxy.service.alerts.outbox import deliver_due, enqueue_due, resolver_from_urls
 from moeproxy.service.db import utcnow
-from moeproxy.service.runs.models import Run
-from moeproxy.service.tokens.models import Project
 from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse, TriageSiblingNote
 from moeproxy.signatures.siblings import SiblingNote
 from sqlalchemy import select
@@ -81,15 +79,7 @@ def test_webhook_json_carries_the_note_and_old_payloads_still_load():
     assert AlertMessage.from_json(old) == message(siblings=())
 
 
-def test_the_note_travels_from_the_triage_through_the_outbox(alerts_db, receiver):
-    with alerts_db.scope() as s:
-        project = Project(name="rl-team")
-        s.add(project)
-        s.flush()
-        run = Run(project_id=project.id, name="qwen3-grpo", framework="verl")
-        s.add(run)
-        s.flush()
-        run_id = run.id
+def test_the_note_travels_from_the_triage_through_the_outbox(alerts_db, receiver, run_id):
     triage = TriageResponse(
         run_id=run_id, evaluated_at=utcnow(), last_step=39, verdict="likely rollout_logp_precision",
         candidates=[
