@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import random
 import statistics
 import subprocess
@@ -59,14 +58,10 @@ class LabelledRun:
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
-    """Wilson score interval (95%) of a proportion k/n; (0, 1) when n is 0."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    den = 1 + Z95**2 / n
-    centre = (p + Z95**2 / (2 * n)) / den
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / den
-    return max(0.0, centre - half), min(1.0, centre + half)
+    """Wilson score interval (95%) of a proportion k/n; (0, 1) when n is 0 (the fidelity harness's)."""
+    from moeproxy.reproduction.fidelity.scores import wilson_interval
+
+    return wilson_interval(k, n, Z95)
 
 
 def share(k: int, n: int) -> dict[str, Any]:
