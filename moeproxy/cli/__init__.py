@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "eval",
     "fingerprints",
     "triage",
+    "imports",
     "consistency",
     "reproduce",
 )

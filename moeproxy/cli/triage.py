@@ -2,7 +2,8 @@
 
 The run is a file (JSONL of ``{"step", "values"}`` lines as the reproduction traces, NaN/Infinity
 literals allowed; or a JSON object with ``steps`` — the REST ingest body — and optional
-``framework``), or a run of the service (``--run ID --url --token``), whose metrics are read over
+``framework``), a past run in any format ``moeproxy import`` reads (:mod:`moeproxy.importers`:
+trainer_state.json, verl's logs, CSV, Parquet, TensorBoard), read the same way, or a run of the service (``--run ID --url --token``), whose metrics are read over
 HTTP (``GET /api/v1/runs/{id}/metrics``). ``--json`` prints the triage object of SPEC section 5.
 """
 
@@ -14,10 +15,11 @@ from pathlib import Path
 import typer
 
 from moeproxy.cli.fingerprints import LibraryOption, _fail, _load
+from moeproxy.cli.imports import FORMAT_HELP
 
 
 def read_run(file: Path | None, run_id: str | None, url: str | None, token: str | None,
-             framework: str | None):
+             framework: str | None, format: str | None = None):
     """A RunMetrics from a file or from the service; user errors become a clean exit."""
     from moeproxy.signatures.canonical import RunMetrics, load_run
     from moeproxy.signatures.errors import InvalidRun
@@ -27,6 +29,8 @@ def read_run(file: Path | None, run_id: str | None, url: str | None, token: str 
     if file is not None:
         if not file.exists():
             raise _fail(f"{file}: no such file")
+        if format is not None or _imported_format(file):
+            return _read_imported(file, framework, format)
         try:
             return load_run(file, framework=framework)
         except InvalidRun as exc:
@@ -58,6 +62,25 @@ def read_run(file: Path | None, run_id: str | None, url: str | None, token: str 
         raise _fail(f"unexpected metrics answer: {exc}") from None
 
 
+def _imported_format(file: Path) -> str | None:
+    from moeproxy.importers import InvalidSource, detect_format
+
+    try:
+        return detect_format(file)
+    except InvalidSource as exc:
+        raise _fail(str(exc)) from None
+
+
+def _read_imported(file: Path, framework: str | None, format: str | None):
+    """A past run through the importers, as ``moeproxy import`` would store it."""
+    from moeproxy.cli.imports import read_imported
+    from moeproxy.signatures.canonical import RunMetrics
+
+    run = read_imported(file, format)
+    steps = [{"step": step, "values": values} for step, values in run.steps]
+    return RunMetrics.from_steps(steps, framework=framework or run.framework, name=run.name)
+
+
 def _public_url() -> str:
     from moeproxy.config import get_settings
 
@@ -65,11 +88,13 @@ def _public_url() -> str:
 
 
 def triage_command(
-    file: Path | None = typer.Argument(None, help="Run file: JSONL of {step, values} or a JSON {steps: [...]}."),
+    file: Path | None = typer.Argument(
+        None, help="Run file: JSONL of {step, values}, a JSON {steps: [...]}, or any `moeproxy import` source."),
     run_id: str | None = typer.Option(None, "--run", help="A run id of the service instead of a file."),
     url: str | None = typer.Option(None, "--url", help="Service URL (default MOEPROXY_URL or MOEPROXY_PUBLIC_URL)."),
     token: str | None = typer.Option(None, "--token", help="Bearer token (default MOEPROXY_TOKEN)."),
     framework: str | None = typer.Option(None, "--framework", help="verl, trl, openrlhf or mindspeed_rl."),
+    format: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     library: Path | None = LibraryOption,
     top: int = typer.Option(5, "--top", help="Candidates to print (all with --json)."),
     details: bool = typer.Option(False, "--details", help="With --json: per-metric scores and change points."),
@@ -78,7 +103,7 @@ def triage_command(
     """Rank the likely fault classes of a run (healthy included) with evidence in plain words."""
     from moeproxy.signatures.matching import triage
 
-    run = read_run(file, run_id, url, token, framework)
+    run = read_run(file, run_id, url, token, framework, format)
     lib = _load(library)
     if not run.series:
         raise _fail("the run has no metrics")

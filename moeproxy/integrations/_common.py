@@ -13,6 +13,13 @@ class IntegrationConfigError(ValueError):
     """The integration cannot tell where the service is or which token to use."""
 
 
+# Summary values transformers logs once at the end of training; they are not step metrics (the
+# callback leaves them out live, the trainer_state.json importer leaves them out of a past run).
+END_OF_TRAINING_KEYS = frozenset(
+    {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss"}
+)
+
+
 def resolve_endpoint(url: str | None, token: str | None) -> tuple[str, str]:
     url, token = service_endpoint(url, token)
     if not url:

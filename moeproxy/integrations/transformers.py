@@ -17,15 +17,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from moeproxy.client import MetricsClient
-from moeproxy.integrations._common import numeric_metrics, resolve_endpoint
+from moeproxy.integrations._common import END_OF_TRAINING_KEYS, numeric_metrics, resolve_endpoint
 
 log = logging.getLogger(__name__)
-
-# Summary values transformers logs once at the end of training; they are not step metrics.
-END_OF_TRAINING_KEYS = frozenset(
-    {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss"}
-)
-
 
 class MoeproxyCallback(TrainerCallback):
     """Send ``Trainer`` logs to moeproxy (``MOEPROXY_URL``/``MOEPROXY_TOKEN`` when not passed).

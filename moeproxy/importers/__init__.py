@@ -1,0 +1,118 @@
+"""Readers of past runs from the loggers users already have (issue 19): client side.
+
+``read_source(path, format=None)`` reads a file or directory into an :class:`ImportedRun` (steps
+with their numeric values under the source's own names, and the framework those names reveal);
+``moeproxy import`` posts it to the service (:mod:`moeproxy.importers.upload`) and
+``moeproxy triage`` ranks it locally. ``FORMATS`` is the registry: a format is a name, a detector
+and a reader, so adding one is adding an entry. Detectors are tried in the table's order.
+
+This package reads files and speaks HTTP; it imports nothing from ``moeproxy.service`` (the
+framework names come from the signature library's alias table, which is plain data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from moeproxy.importers import table, tensorboard, trainer_state, verl
+from moeproxy.importers.base import InvalidSource, Records
+from moeproxy.importers.framework import detect_framework
+from moeproxy.integrations._common import numeric_metrics
+
+__all__ = ["FORMATS", "Format", "ImportedRun", "InvalidSource", "detect_format", "detect_framework", "read_source"]
+
+# Enough of a file to tell its format from its first lines.
+HEAD_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    description: str
+    detect: Callable[[Path, str | None], bool]
+    read: Callable[[Path], Records]
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("trainer_state", "transformers / TRL trainer_state.json (log_history)",
+               trainer_state.detect, trainer_state.read),
+        Format("verl_file", "verl file logger, JSON lines of {step, data}", verl.detect_file_logger,
+               verl.read_file_logger),
+        Format("verl_console", "verl console log, step:N - key:value lines", verl.detect_console,
+               verl.read_console),
+        Format("csv", "CSV or TSV with a step column", table.detect_csv, table.read_csv),
+        Format("parquet", "Parquet with a step column (needs pyarrow)", table.detect_parquet, table.read_parquet),
+        Format("tensorboard", "TensorBoard event file or run folder (needs tensorboard)", tensorboard.detect,
+               tensorboard.read),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ImportedRun:
+    """A past run as read: ``steps`` ascending, each with the numeric values logged at it."""
+
+    source: Path
+    format: str
+    name: str
+    framework: str | None
+    steps: tuple[tuple[int, dict[str, float]], ...]
+
+    @property
+    def n_points(self) -> int:
+        return sum(len(values) for _, values in self.steps)
+
+    def metric_names(self) -> set[str]:
+        return {name for _, values in self.steps for name in values}
+
+
+def _head(path: Path) -> str | None:
+    if path.is_dir():
+        return None
+    try:
+        with path.open("rb") as handle:
+            return handle.read(HEAD_BYTES).decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise InvalidSource(f"{path}: {exc.strerror or exc}") from None
+
+
+def _run_name(path: Path, format: str) -> str:
+    """A default run name: the file's stem, or for trainer_state.json the output folder's name
+    (the file sits in ``<output_dir>/`` or ``<output_dir>/checkpoint-N/``)."""
+    if path.is_dir() or format != "trainer_state":
+        return path.name if path.is_dir() else path.stem
+    folder = path.resolve().parent
+    if folder.name.startswith("checkpoint-"):
+        folder = folder.parent
+    return folder.name or path.stem
+
+
+def detect_format(path: Path) -> str | None:
+    """The first format of ``FORMATS`` whose detector accepts ``path``; None when none does."""
+    head = _head(path)
+    return next((f.name for f in FORMATS.values() if f.detect(path, head)), None)
+
+
+def read_source(path: str | Path, format: str | None = None) -> ImportedRun:
+    """Read ``path`` in ``format`` (detected when None); raises InvalidSource naming file and line."""
+    path = Path(path)
+    if not path.exists():
+        raise InvalidSource(f"{path}: no such file or directory")
+    if format is None:
+        format = detect_format(path)
+        if format is None:
+            raise InvalidSource(f"{path}: not a format moeproxy can read (give --format, one of {', '.join(FORMATS)})")
+    elif format not in FORMATS:
+        raise InvalidSource(f"unknown format {format!r} (one of {', '.join(FORMATS)})")
+    merged: dict[int, dict[str, float]] = {}
+    for step, values in FORMATS[format].read(path):
+        # A step logged twice (train and eval entries, a resumed job) keeps the later values.
+        merged.setdefault(step, {}).update(numeric_metrics(values))
+    steps = tuple((s, {k: float(v) for k, v in merged[s].items()}) for s in sorted(merged) if merged[s])
+    name = _run_name(path, format)
+    framework = detect_framework(name for _, values in steps for name in values)
+    return ImportedRun(path, format, name, framework, steps)

@@ -1,0 +1,144 @@
+"""Each reader on files the real writers made: the right steps and values, detection, the framework,
+and a bad file named with its line or record."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from moeproxy.importers import FORMATS, InvalidSource, detect_format, detect_framework, read_source
+from tests.importers.fixtures import (
+    TRL_NAMES,
+    trl_history,
+    verl_console_line,
+    verl_steps,
+    write_trainer_state,
+    write_verl_file_logger,
+)
+
+
+def _as_dict(run):
+    return {step: values for step, values in run.steps}
+
+
+def test_trainer_state_reads_log_history_without_the_summary(tmp_path):
+    pytest.importorskip("transformers")
+    history = trl_history(n_steps=20)
+    history.insert(5, {"epoch": 0.25, "step": 5, "eval_loss": 0.7, "eval_runtime": 0.5})
+    path = write_trainer_state(tmp_path / "grpo-out" / "checkpoint-20", history)
+    run = read_source(path)
+    assert (run.format, run.framework, run.name) == ("trainer_state", "trl", "grpo-out")
+    got = _as_dict(run)
+    assert sorted(got) == list(range(1, 21))
+    assert got[3]["completions/mean_length"] == history[2]["completions/mean_length"]
+    assert got[5]["eval_loss"] == 0.7 and got[5]["loss"] == history[4]["loss"]  # train and eval merged
+    assert not {"train_runtime", "total_flos", "train_loss", "step"} & run.metric_names()
+    assert run.n_points == 20 * (len(TRL_NAMES) + 2) + 2
+
+
+def test_verl_file_logger_lines(tmp_path):
+    steps = verl_steps(n_steps=12)
+    steps[4][1]["actor/grad_norm"] = np.float64("nan")  # orjson writes null: a point not logged
+    path = write_verl_file_logger(tmp_path / "exp.jsonl", steps)
+    run = read_source(path)
+    assert (run.format, run.framework, run.name) == ("verl_file", "verl", "exp")
+    got = _as_dict(run)
+    assert got[1]["critic/score/mean"] == float(steps[0][1]["critic/score/mean"])
+    assert got[1]["timing_s/step"] == 1.5
+    assert "actor/grad_norm" not in got[5] and len(run.steps) == 12
+
+
+def test_verl_console_lines_among_other_output(tmp_path):
+    steps = verl_steps(n_steps=6)
+    lines = ["Creating file logger at /tmp/x.jsonl", "(TaskRunner pid=4242) Training Progress: 0%"]
+    lines += [f"(TaskRunner pid=4242) {verl_console_line(data, step)}" for step, data in steps]
+    lines[4] += " - actor/pg_loss:nan"
+    path = tmp_path / "console.log"
+    path.write_text("\n".join(lines) + "\n")
+    run = read_source(path)
+    assert run.format == "verl_console" and run.framework == "verl"
+    got = _as_dict(run)
+    assert got[6]["actor/kl_loss"] == pytest.approx(float(steps[5][1]["actor/kl_loss"]), rel=1e-15)
+    assert math.isnan(got[3]["actor/pg_loss"])
+
+
+def test_csv_and_parquet_from_pandas(tmp_path):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"step": [0, 1, 2, 3], "train/reward": [0.1, 0.2, None, 0.4],
+                          "train/kl": [0.0, 0.01, 0.02, float("inf")], "note": ["a", "b", "c", "d"]})
+    frame.to_csv(tmp_path / "run.csv", index=False)
+    csv_run = read_source(tmp_path / "run.csv")
+    assert csv_run.format == "csv" and csv_run.framework == "openrlhf"
+    assert _as_dict(csv_run)[2] == {"train/kl": 0.02} and _as_dict(csv_run)[3]["train/kl"] == math.inf
+    pytest.importorskip("pyarrow")
+    frame.to_parquet(tmp_path / "run.parquet")
+    parquet_run = read_source(tmp_path / "run.parquet")
+    assert parquet_run.format == "parquet" and parquet_run.steps == csv_run.steps
+
+
+def test_tensorboard_folder_from_summary_writer(tmp_path):
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "runs" / "exp1"))
+    for step in range(30):
+        writer.add_scalar("critic/score/mean", 0.5 + step / 64, step)  # exact in float32
+        writer.add_scalar("actor/kl_loss", float("nan") if step == 7 else step / 8, step)
+    writer.close()
+    run = read_source(tmp_path / "runs")
+    assert (run.format, run.framework, len(run.steps)) == ("tensorboard", "verl", 30)
+    got = _as_dict(run)
+    assert got[29]["critic/score/mean"] == 0.5 + 29 / 64 and math.isnan(got[7]["actor/kl_loss"])
+    SummaryWriter(str(tmp_path / "runs" / "exp2")).close()
+    with pytest.raises(InvalidSource, match="2 runs"):
+        read_source(tmp_path / "runs")
+
+
+def test_detection_and_the_registry(tmp_path):
+    (tmp_path / "own.jsonl").write_text(json.dumps({"step": 0, "values": {"kl": 0.1}}) + "\n")
+    assert detect_format(tmp_path / "own.jsonl") is None  # the project's own format: triage reads it as before
+    (tmp_path / "notes.txt").write_text("hello\n")
+    with pytest.raises(InvalidSource, match="give --format"):
+        read_source(tmp_path / "notes.txt")
+    with pytest.raises(InvalidSource, match="unknown format 'nope'"):
+        read_source(tmp_path / "notes.txt", "nope")
+    assert set(FORMATS) >= {"trainer_state", "verl_file", "verl_console", "csv", "parquet", "tensorboard"}
+
+
+@pytest.mark.parametrize(("names", "framework"), [
+    (["critic/score/mean", "actor/kl_loss", "loss"], "verl"),
+    (["completions/mean_length", "reward", "kl"], "trl"),
+    (["train/completions/mean_length", "train/loss"], "trl"),  # transformers' train/ prefix
+    (["train/reward", "train/kl", "train/policy_loss"], "openrlhf"),
+    (["critic/score/mean", "completions/mean_length"], None),  # two frameworks: unknown
+    (["loss", "reward", "kl"], None),  # what any loop logs
+])
+def test_framework_from_names_only_one_framework_logs(names, framework):
+    assert detect_framework(names) == framework
+
+
+def test_bad_files_name_the_file_and_the_line(tmp_path):
+    lines = [json.dumps({"step": 1, "data": {"actor/kl_loss": 0.1}}), json.dumps({"step": 2, "data": {}}),
+             "{not json", ""]
+    bad = tmp_path / "verl.jsonl"
+    bad.write_text("\n".join(lines))
+    with pytest.raises(InvalidSource, match=rf"{bad}: line 3: not JSON"):
+        read_source(bad)
+    state = tmp_path / "trainer_state.json"
+    state.write_text(json.dumps({"log_history": [{"step": 1, "loss": 1.0}, {"step": "two", "loss": 0.5}]}))
+    with pytest.raises(InvalidSource, match=rf"{state}: log_history\[1\]: step must be an integer"):
+        read_source(state)
+    table = tmp_path / "run.csv"
+    table.write_text("step,loss\n0,1.0\n1.5,0.9\n")
+    with pytest.raises(InvalidSource, match=rf"{table}: line 3: step must be an integer"):
+        read_source(table)
+    (tmp_path / "nostep.csv").write_text("iteration,loss\n0,1.0\n")
+    with pytest.raises(InvalidSource, match="no step column"):
+        read_source(tmp_path / "nostep.csv")
+    console = tmp_path / "console.log"
+    console.write_text("step:1 - actor/kl_loss:0.1\nstep:2 - actor/kl_loss:oops\n")
+    with pytest.raises(InvalidSource, match=rf"{console}: line 2: actor/kl_loss: not a number"):
+        read_source(console)
