@@ -3,8 +3,10 @@ cost, run resumably through ``moeproxy.reproduction.campaign.run_campaign``.
 
 Stages (each reuses what is on disk, so the script can be stopped at any time and started again):
 
-1. ``proxy``: the Qwen3-MoE RL starting point (``qwen3-moe-64e-rl``) pruned to half its experts
-   (``moeproxy build --keep-ratio 0.5``, three-view clustering, synthetic task calibration).
+1. ``proxy``: the Qwen3-MoE RL starting point (``qwen3-moe-64e-rl``) pruned to ``--keep-ratio`` of
+   its experts (default 0.75: 48 of 64; three-view clustering, synthetic task calibration). At 0.5
+   the proxy of this starting point answers nothing (accuracy and format reward 0 on every rollout,
+   every GRPO group tied), so a healthy run cannot learn; the measure stage refuses such a proxy.
 2. ``measure``: a short healthy run on the proxy at each batch of :data:`BATCHES` (largest first);
    the first whose whole campaign fits ``--budget-h`` CPU-hours is kept (the issue: shrink the
    batch, then the seeds, before dropping variants or onset 0). Written to ``OUT/sizing.json``.
@@ -42,15 +44,17 @@ REFERENCE = "qwen3-moe-64e-rl"
 #: (prompts per step, samples per prompt, mini-batches); the largest is the 200-step runs' batch.
 BATCHES: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (8, 8, 4), (8, 4, 2), (4, 4, 2))
 MEASURE_STEPS = 6
+#: A proxy whose healthy rollouts score below this on average gives GRPO (almost) no signal.
+MIN_SCORE = 0.05
 
 
-def stage_proxy(work: Path) -> Path:
-    out = work / "proxy"
+def stage_proxy(work: Path, keep_ratio: float) -> Path:
+    out = work / f"proxy-keep{keep_ratio:g}"  # one directory per ratio: a campaign never mixes two proxies
     if not (out / "proxy_report.json").exists():
         from moeproxy.reproduction.reference import reference_model_path
 
         cmd = [sys.executable, "-c", "from moeproxy.cli import main; main()", "build",
-               "--model", str(reference_model_path(REFERENCE)), "--out", str(out), "--keep-ratio", "0.5",
+               "--model", str(reference_model_path(REFERENCE)), "--out", str(out), "--keep-ratio", str(keep_ratio),
                "--calibration", "synthetic:tasks", "--view-weights", "auto", "--overwrite", "--quiet"]
         print("$ " + " ".join(cmd[3:]), flush=True)
         subprocess.run(cmd, check=True)
@@ -67,14 +71,24 @@ def engine_for(batch: tuple[int, int, int], threads: int) -> dict:
             "ppo_mini_batch_size": prompts // minis, "threads": threads}
 
 
+def _measured(path: Path, weights: str | None) -> dict | None:
+    """A sizing measured on this very proxy (same weights hash), or None."""
+    if not path.exists():
+        return None
+    sizing = json.loads(path.read_text())
+    return sizing if sizing.get("proxy_weights_sha256") == weights else None
+
+
 def stage_measure(proxy: Path, work: Path, budget_h: float, threads: int, steps: int) -> dict:
-    sizing_file = work / "sizing.json"
-    if not sizing_file.exists() and (RESULTS / "sizing.json").exists():
-        shutil.copy(RESULTS / "sizing.json", sizing_file)  # measured once; a new work directory keeps it
-    if sizing_file.exists():
-        return json.loads(sizing_file.read_text())
-    from moeproxy.reproduction.campaign import JobInput, default_campaign, run_job
+    from moeproxy.reproduction.campaign import JobInput, _weights_hash, default_campaign, run_job
     from moeproxy.reproduction.config import EngineConfig
+
+    weights = _weights_hash(proxy)
+    sizing_file = work / "sizing.json"
+    sizing = _measured(sizing_file, weights) or _measured(RESULTS / "sizing.json", weights)
+    if sizing is not None:  # measured once on this proxy; a new work directory keeps it
+        sizing_file.write_text(json.dumps(sizing, indent=1) + "\n")
+        return sizing
 
     jobs = default_campaign(steps=steps).jobs()
     total_steps = sum(j.steps for j in jobs)
@@ -87,16 +101,22 @@ def stage_measure(proxy: Path, work: Path, budget_h: float, threads: int, steps:
                                MEASURE_STEPS))
         step_times = [r["values"]["timing_s/step"] for r in out.trace[1:]]  # the first step warms up
         cost = statistics.median(step_times)
+        score = statistics.fmean(r["values"]["critic/score/mean"] for r in out.trace)
         projected_h = total_steps * cost / 3600
         tried.append({"batch": list(batch), "step_time_s_median": round(cost, 3), "projected_h": round(projected_h, 2),
-                      "wall_s": round(time.perf_counter() - t0, 1)})
-        print(f"batch {batch}: {cost:.2f} s/step -> {projected_h:.1f} h for {len(jobs)} runs", flush=True)
+                      "score_mean": round(score, 4), "wall_s": round(time.perf_counter() - t0, 1)})
+        print(f"batch {batch}: {cost:.2f} s/step -> {projected_h:.1f} h for {len(jobs)} runs; "
+              f"healthy score {score:.3f}", flush=True)
+        if score < MIN_SCORE:
+            raise SystemExit(f"the proxy {proxy} scores {score:.3f} on a healthy run (below {MIN_SCORE}): its "
+                             "rollouts earn no reward, every GRPO group ties and a healthy run cannot learn; "
+                             "build it with a higher --keep-ratio")
         if projected_h <= budget_h:
             chosen = batch
             break
     if chosen is None:
         chosen = BATCHES[-1]
-    sizing = {"jobs": len(jobs), "steps_per_run": steps, "total_steps": total_steps, "budget_h": budget_h,
+    sizing = {"proxy_weights_sha256": weights, "jobs": len(jobs), "steps_per_run": steps, "total_steps": total_steps, "budget_h": budget_h,
               "threads": threads, "tried": tried, "batch": list(chosen), "engine": engine_for(chosen, threads),
               "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()}}
     sizing_file.write_text(json.dumps(sizing, indent=1) + "\n")
@@ -182,11 +202,12 @@ def main() -> None:
     ap.add_argument("--budget-h", type=float, default=8.0)
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--keep-ratio", type=float, default=0.75)
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     stages = set(args.stages.split(","))
-    proxy = stage_proxy(work)
+    proxy = stage_proxy(work, args.keep_ratio)
     if "measure" in stages or "run" in stages:
         sizing = stage_measure(proxy, work, args.budget_h, args.threads, args.steps)
     if "run" in stages:
