@@ -81,6 +81,7 @@ def test_csv_and_parquet_from_pandas(tmp_path):
 
 def test_tensorboard_folder_from_summary_writer(tmp_path):
     pytest.importorskip("tensorboard")
+    pytest.importorskip("torch")
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(str(tmp_path / "runs" / "exp1"))
