@@ -16,6 +16,13 @@ from moeproxy.importers.base import InvalidSource, Records, as_step
 #: transformers' ``global_step``, and W&B's history export ``_step``.
 STEP_COLUMNS: tuple[str, ...] = ("step", "global_step", "_step")
 PARQUET_MAGIC = b"PAR1"
+# Columns that hold a table's row labels, not a metric: pandas' to_csv(index=True) writes one with
+# an empty header, to_parquet one named __index_level_0__ when the index is not the default.
+_INDEX_COLUMN_PREFIX = "__index_level_"
+
+
+def _is_metric_column(name: str, step_name: str) -> bool:
+    return name != step_name and bool(name.strip()) and not name.startswith(_INDEX_COLUMN_PREFIX)
 
 
 def step_column(columns: Sequence[str], path: Path) -> str:
@@ -60,7 +67,7 @@ def read_csv(path: Path) -> Records:
                     raise InvalidSource(f"{where}: {len(row)} cells, the header has {len(header)}")
                 step = as_step(row[step_index], where)
                 yield step, {name: v for i, name in enumerate(header)
-                             if i != step_index and (v := _number(row[i])) is not None}
+                             if _is_metric_column(name, header[step_index]) and (v := _number(row[i])) is not None}
         except csv.Error as exc:
             raise InvalidSource(f"{path}: line {reader.line_num}: {exc}") from None
 
@@ -85,8 +92,9 @@ def read_parquet(path: Path) -> Records:
     except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds for a bad file
         raise InvalidSource(f"{path}: not a readable Parquet file ({exc})") from None
     step_name = step_column(table.column_names, path)
-    columns = {name: table.column(name).to_pylist() for name in table.column_names}
-    steps = columns.pop(step_name)
+    steps = table.column(step_name).to_pylist()
+    columns = {name: table.column(name).to_pylist() for name in table.column_names
+               if _is_metric_column(name, step_name)}
     for row, raw in enumerate(steps):
         step = as_step(raw, f"{path}: row {row}")
         yield step, {name: v for name, cells in columns.items() if (v := _number(cells[row])) is not None}

@@ -28,6 +28,7 @@ def test_trainer_state_reads_log_history_without_the_summary(tmp_path):
     pytest.importorskip("transformers")
     history = trl_history(n_steps=20)
     history.insert(5, {"epoch": 0.25, "step": 5, "eval_loss": 0.7, "eval_runtime": 0.5})
+    history[7]["grad_norm"] = float("nan")  # json writes the NaN literal: a point, the fault itself
     path = write_trainer_state(tmp_path / "grpo-out" / "checkpoint-20", history)
     run = read_source(path)
     assert (run.format, run.framework, run.name) == ("trainer_state", "trl", "grpo-out")
@@ -35,6 +36,7 @@ def test_trainer_state_reads_log_history_without_the_summary(tmp_path):
     assert sorted(got) == list(range(1, 21))
     assert got[3]["completions/mean_length"] == history[2]["completions/mean_length"]
     assert got[5]["eval_loss"] == 0.7 and got[5]["loss"] == history[4]["loss"]  # train and eval merged
+    assert math.isnan(got[7]["grad_norm"])
     assert not {"train_runtime", "total_flos", "train_loss", "step"} & run.metric_names()
     assert run.n_points == 20 * (len(TRL_NAMES) + 2) + 2
 
@@ -69,11 +71,12 @@ def test_csv_and_parquet_from_pandas(tmp_path):
     pd = pytest.importorskip("pandas")
     frame = pd.DataFrame({"step": [0, 1, 2, 3], "train/reward": [0.1, 0.2, None, 0.4],
                           "train/kl": [0.0, 0.01, 0.02, float("inf")], "note": ["a", "b", "c", "d"]})
-    frame.to_csv(tmp_path / "run.csv", index=False)
+    frame.to_csv(tmp_path / "run.csv")  # with pandas' index column, whose header is empty
     csv_run = read_source(tmp_path / "run.csv")
     assert csv_run.format == "csv" and csv_run.framework == "openrlhf"
     assert _as_dict(csv_run)[2] == {"train/kl": 0.02} and _as_dict(csv_run)[3]["train/kl"] == math.inf
     pytest.importorskip("pyarrow")
+    frame.index = frame.index + 10  # not the default index: pandas stores it as __index_level_0__
     frame.to_parquet(tmp_path / "run.parquet")
     parquet_run = read_source(tmp_path / "run.parquet")
     assert parquet_run.format == "parquet" and parquet_run.steps == csv_run.steps
