@@ -12,9 +12,10 @@ from pathlib import Path
 import typer
 
 from moeproxy.cli.fingerprints import _fail
+from moeproxy.importers import FORMATS
 
-FORMAT_HELP = ("trainer_state, verl_file, verl_console, csv, parquet or tensorboard "
-               "(default: detected from the file)")
+# The registry imports nothing heavy: pyarrow and tensorboard load when a file of theirs is read.
+FORMAT_HELP = f"{', '.join(FORMATS)} (default: detected from the file)"
 
 
 def read_imported(source: Path, format: str | None):
