@@ -75,7 +75,7 @@ def import_run(run: ImportedRun, *, url: str, token: str, run_name: str | None =
     return ImportReport(run_id, name, framework, run.n_points, run.n_points - sent, sent)
 
 
-def _send(steps, *, url: str, token: str, name: str, framework: str | None, timeout_s: float) -> None:
+def _send(steps: list[tuple[int, dict[str, float]]], *, url: str, token: str, name: str, framework: str | None, timeout_s: float) -> None:
     # A spill file of its own: what did not arrive is read again from the source on the next
     # import, so nothing is left behind for a later MetricsClient to replay.
     with tempfile.TemporaryDirectory(prefix="moeproxy-import-") as spool:
