@@ -17,7 +17,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from moeproxy.reproduction.catalogue import FAULT_CLASSES
 from moeproxy.signatures.canonical import RunMetrics, canonicalise, load_run
 from moeproxy.signatures.errors import InvalidRun, UnknownFaultClass
 from moeproxy.signatures.features import DEFAULT_PARAMS, RunSignature, SignatureParams, run_signature
-from moeproxy.signatures.fingerprint import Fingerprint, MetricExpectation
+from moeproxy.signatures.fingerprint import FLAT_VOLATILITY, Fingerprint, MetricExpectation
 
 #: Metrics that describe the machine, not the training: never part of a fingerprint (a proxy is
 #: faster and smaller by design, so its timings say nothing about the fault).
@@ -185,7 +185,24 @@ def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
     prov.setdefault("n_twins", len(healthy_runs))
     vid = variant or fc.variants[0]
     fid = fingerprint_id or f"{fault_class}/{vid}/{_params_key(params or {})}"
-    return Fingerprint(fid, fault_class, fc.family, vid, dict(params or {}), aligned, pre, metrics, prov)
+    from_start = aligned and all(o is not None and s.steps.size > 0 and o <= s.steps[0]
+                                 for s, o in zip(sigs, injected, strict=True))
+    fp = Fingerprint(fid, fault_class, fc.family, vid, dict(params or {}), aligned, pre, metrics, prov,
+                     from_start=from_start)
+    return replace(fp, separation=separation(fp, sigs, twins)) if twins else fp
+
+
+def separation(fp: Fingerprint, fault_sigs: Sequence[RunSignature], twin_sigs: Sequence[RunSignature]) -> float:
+    """How much higher the matcher scores the fault runs a fingerprint was built from than the
+    best-matching of their healthy twins: the fault runs' median minus the twins' maximum
+    (``Fingerprint.separable``). One twin that matches as well as the fault runs is enough to say
+    healthy runs look like this; scored by the function triage uses, so what counts is what triage
+    would see, not what the build step believed."""
+    from moeproxy.signatures.matching import score_fingerprint  # matching reads fingerprints, not builds
+
+    fault = float(np.median([score_fingerprint(s, fp).score for s in fault_sigs]))
+    twin = max(score_fingerprint(t, fp).score for t in twin_sigs)
+    return round(fault - twin, 6)
 
 
 def fingerprint_from_trace_set(ts: TraceSet, *, signature_params: SignatureParams = DEFAULT_PARAMS,
@@ -265,15 +282,26 @@ def _is_affected(m: str, sigs: Sequence[RunSignature], twins: Sequence[RunSignat
     direction, share = _majority(fault_dirs)
     # A strict majority of the runs (with two seeds: both) must show the change.
     if fault_class == "healthy":
-        return direction != 0 and share > 0.5
+        # A healthy run that learns moves: reward rising, KL growing, entropy falling (SPEC section
+        # 3). Its steady trends are what a fault takes away, so they count like a change.
+        trend, trend_share = _majority([s.metrics[m].trend for s in sigs if m in s.metrics])
+        return (direction != 0 and share > 0.5) or (trend != 0 and trend_share > 0.5)
     twin_nonfinite = np.mean([t.metrics[m].has_nonfinite for t in twins if m in t.metrics]) if twins else 0.0
     if nonfinite >= 0.5 and twin_nonfinite < 0.5:
         return True
-    if direction == 0 or share <= 0.5:
+    if share <= 0.5:
         return False
     if not twins:
-        return True
-    twin_dir, _ = _majority([t.metrics[m].direction for t in twins if m in t.metrics])
+        return direction != 0
+    twin_dir, twin_share = _majority([t.metrics[m].direction for t in twins if m in t.metrics])
+    if direction == 0:
+        # No change where the twins show one, or a different trend than theirs: the fault took
+        # away a healthy run's dynamics (a reward that never rises, a KL that never grows). With
+        # a fault present from step 0 this is often all that separates it from a healthy run.
+        trend, trend_share = _majority([s.metrics[m].trend for s in sigs if m in s.metrics])
+        twin_trend, twin_trend_share = _majority([t.metrics[m].trend for t in twins if m in t.metrics])
+        return (twin_dir != 0 and twin_share > 0.5) or (
+            trend_share > 0.5 and twin_trend_share > 0.5 and trend != twin_trend)
     if twin_dir != direction:
         return True
     # Same direction as the twins: affected when the fault makes the change 3x larger or smaller
@@ -296,7 +324,7 @@ def _volatility_changed(m: str, sigs, ref, twins, twin_ref) -> bool:
     tv = [t.volatility(m, o) for t, o in zip(twins, twin_ref, strict=True) if o is not None and m in t.metrics]
     tv = [v for v in tv if v is not None]
     base = float(np.median(tv)) if tv else 0.0
-    return abs(float(np.median(fv)) - base) > 0.7
+    return abs(float(np.median(fv)) - base) > FLAT_VOLATILITY
 
 
 def _expectation(m: str, sigs: Sequence[RunSignature], onsets: Sequence[int | None], affected: bool,

@@ -36,6 +36,10 @@ LIBRARY_FILE = "fingerprints.json"
 MANIFEST_FILE = "manifest.json"
 ROLES = ("affected", "unaffected")
 DEFAULT_STRONG_THRESHOLD = 0.6
+#: A log10 spread change below this is no change (build: the 5x volatility test).
+FLAT_VOLATILITY = 0.7
+#: Below this separation (fault runs' median score minus their twins') a fingerprint is not ranked.
+MIN_SEPARATION = 0.1
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,16 @@ class MetricExpectation:
     def affected(self) -> bool:
         return self.role == "affected"
 
+    @property
+    def flat(self) -> bool:
+        """The fingerprint's runs show no change in this metric at all: no direction, no trend, no
+        freeze, no non-finite value, its spread unchanged. An affected metric can be flat (the fault
+        took away the rise its twins show); its effect trace is then noise, whose shape and change
+        points mean nothing."""
+        return (self.direction == 0 and self.trend == 0 and self.freeze_rate < 0.5
+                and self.nonfinite_rate < 0.5
+                and (self.log10_volatility is None or abs(self.log10_volatility) < FLAT_VOLATILITY))
+
     def mean_trace(self) -> np.ndarray | None:
         """The expected shape (mean of the representative traces, truncated to the shortest)."""
         if not self.traces:
@@ -83,10 +97,24 @@ class Fingerprint:
     trace_pre: int
     metrics: Mapping[str, MetricExpectation]
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    #: How much higher the matcher scores the fingerprint's own fault runs than their healthy twins
+    #: (median minus median, build.separation); None: built without twins, or before it was measured.
+    separation: float | None = None
+    #: Every run it was built from had the fault from its first step: its traces start at the
+    #: run's start, and so does its class onset in any run it is compared with.
+    from_start: bool = False
 
     @property
     def affected_metrics(self) -> tuple[str, ...]:
         return tuple(m for m, e in self.metrics.items() if e.affected)
+
+    @property
+    def separable(self) -> bool:
+        """The fingerprint tells its fault from a healthy run at all. A fault present from step 0
+        that moves nothing a run shows by itself (a constant 10x in the rollout mismatch) gives
+        a fingerprint its own healthy twins match as well as its fault runs: ranking with it would
+        only call healthy runs faulty. Such a class is left to the whole-run findings (levels.py)."""
+        return self.separation is None or self.separation >= MIN_SEPARATION
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -358,7 +386,14 @@ class _Validator:
         metrics = {m: self.expectation(e, f"{path}.metrics.{m}") for m, e in metrics_doc.items()}
         provenance = d.get("provenance", {})
         self.obj(provenance, f"{path}.provenance")
-        return Fingerprint(fid, fc, family, variant, params, aligned, trace_pre, metrics, provenance)
+        separation = d.get("separation")
+        if separation is not None:
+            separation = self.number(separation, f"{path}.separation", lo=-1.0, hi=1.0)
+        from_start = d.get("from_start", False)
+        if not isinstance(from_start, bool):
+            raise InvalidLibrary(f"{path}.from_start", "must be true or false")
+        return Fingerprint(fid, fc, family, variant, params, aligned, trace_pre, metrics, provenance,
+                           separation, from_start)
 
     def expectation(self, d: Any, path: str) -> MetricExpectation:
         self.obj(d, path)
@@ -440,4 +475,5 @@ def describe(fp: Fingerprint) -> dict[str, Any]:
         "affected": {m: e.direction for m, e in fp.metrics.items() if e.affected},
         "runs": len(fp.provenance.get("runs", [])) or fp.provenance.get("n_runs"),
         "source": fp.provenance.get("source"),
+        "separation": fp.separation,
     }

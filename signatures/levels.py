@@ -15,8 +15,8 @@ Pure: numpy over a :class:`~moeproxy.signatures.canonical.CanonicalRun`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np

@@ -213,6 +213,10 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
     by_class: dict[str, FingerprintScore] = {}
     for fp in library.fingerprints:
         s = score_fingerprint(sig, fp, library, weights)
+        if not fp.separable:
+            # Its own healthy twins match it as well as its fault runs: it keeps its class on the
+            # list (whole-run findings may still name it) but adds no score of its own.
+            s = FingerprintScore(fp, 0.0, s.matches, s.onset_index, s.coverage)
         best = by_class.get(fp.fault_class)
         if best is None or s.score > best.score:
             by_class[fp.fault_class] = s
@@ -314,7 +318,10 @@ def class_onset(sig: RunSignature, fp: Fingerprint) -> int | None:
     Every affected metric with an onset in the run votes ``its onset − the fingerprint's lag``;
     the weighted median of the votes (weights fall with the lag's spread across the proxy runs)
     is robust to one metric with an unrelated early change point. Without any lag, the earliest
-    onset among the affected metrics."""
+    onset among the affected metrics. A fault the fingerprint's runs had from their first step
+    starts at the run's first step: such a fault has no change point to find."""
+    if fp.from_start:
+        return 0
     votes, weights = [], []
     for name in fp.affected_metrics:
         ms = sig.metrics.get(name)
@@ -382,8 +389,11 @@ def direction_part(c: MetricContext) -> Part:
         missed = w.direction_missed_floor + (1.0 - w.direction_missed_floor) * (1.0 - exp.agreement)
         score = 1.0 if ms.direction == exp.direction else (missed if ms.direction == 0 else 0.0)
         return Part(w.direction_affected if exp.affected else w.direction_unaffected, score)
-    score = 1.0 if ms.direction == 0 else w.direction_surprise_score
-    if ms.direction != 0:
+    # A change along the trend the fingerprint's runs show is no surprise: a healthy KL that grows
+    # steadily has a significant rise in some runs and only a trend in others.
+    along_trend = ms.direction != 0 and ms.direction == exp.trend
+    score = 1.0 if ms.direction == 0 or along_trend else w.direction_surprise_score
+    if ms.direction != 0 and not along_trend:
         weight = w.surprise_change
     else:
         weight = w.direction_flat_affected if exp.affected else w.direction_unaffected
@@ -410,8 +420,8 @@ def freeze_part(c: MetricContext) -> Part | None:
 
 def _aligned_affected(c: MetricContext) -> bool:
     """Shape and timing compare traces aligned on the class onset: affected metrics of aligned
-    fingerprints only."""
-    return c.exp.affected and c.fp.aligned
+    fingerprints only, and not flat ones (the shape of noise, z-normalised, is noise)."""
+    return c.exp.affected and c.fp.aligned and not c.exp.flat
 
 
 @register_part("shape", match_field="shape_score")

@@ -318,9 +318,10 @@ class SiblingNote:
 
 def agreeing_metrics(candidate: Candidate) -> frozenset[str]:
     """The canonical metrics a candidate's evidence rests on: affected metrics the run logs that
-    moved the way the fingerprint expects (direction score 1 and a change), or froze where its
-    runs froze. Agreeing on "no change" is not evidence (matching.py weighs it 0.2 for that reason):
-    every class that expects a metric flat would share it."""
+    moved the way the fingerprint expects (direction score 1 and a change), froze where its runs
+    froze, or stayed flat where the fingerprint's healthy twins moved (an *affected* metric expected
+    flat: a reward that never rises under a fault present from step 0). Agreeing on "no change" of
+    an unaffected metric is not evidence: every class that leaves the metric alone would share it."""
     return frozenset(m.metric for m in candidate.matches if _agrees(m))
 
 
@@ -329,8 +330,10 @@ def _agrees(m: MetricMatch) -> bool:
         return False
     if m.nonfinite_score is not None and m.nonfinite_score <= 0:
         return False
-    moved = (m.direction_score or 0.0) >= 1.0 and m.observed_direction != 0
-    return moved or (m.freeze_score or 0.0) >= 0.5
+    agreed = (m.direction_score or 0.0) >= 1.0
+    moved = agreed and m.observed_direction != 0
+    stayed = agreed and m.expected_direction == 0 and m.observed_direction == 0
+    return moved or stayed or (m.freeze_score or 0.0) >= 0.5
 
 
 def jaccard(a: Collection[str], b: Collection[str]) -> float:

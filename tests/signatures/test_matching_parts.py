@@ -62,7 +62,7 @@ def _direct_score(sig, fp) -> float:
             s = 1.0 if ms.direction == exp.direction else (
                 (0.25 + 0.75 * (1.0 - exp.agreement)) if ms.direction == 0 else 0.0)
             terms.append((1.0 if exp.affected else 0.1, s))
-        elif ms.direction != 0:
+        elif ms.direction != 0 and ms.direction != exp.trend:  # a change along the expected trend is none
             terms.append((1.0, 0.15))
         else:
             terms.append((0.2 if exp.affected else 0.1, 1.0))
@@ -70,9 +70,13 @@ def _direct_score(sig, fp) -> float:
             terms.append((2.0, float(ms.has_nonfinite == (exp.nonfinite_rate >= 0.5))))
         if exp.freeze_rate >= 0.5 or ms.frozen:
             terms.append((1.5, exp.freeze_rate if ms.frozen else 1.0 - exp.freeze_rate))
-        if exp.affected and fp.aligned and onset is None and exp.traces:
+        # shape and timing leave out a metric the fingerprint's runs show no change in at all
+        flat = (exp.direction == 0 and exp.trend == 0 and exp.freeze_rate < 0.5 and exp.nonfinite_rate < 0.5
+                and (exp.log10_volatility is None or abs(exp.log10_volatility) < 0.7))
+        shaped = exp.affected and fp.aligned and not flat
+        if shaped and onset is None and exp.traces:
             terms.append((1.0, 0.0))
-        if exp.affected and fp.aligned and onset is not None:
+        if shaped and onset is not None:
             if exp.traces:
                 trace = sig.effect_trace(name, onset, pre=fp.trace_pre)
                 n = min(trace.size, min(len(t) for t in exp.traces))

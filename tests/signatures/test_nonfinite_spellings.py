@@ -11,7 +11,6 @@ import math
 import re
 
 import pytest
-
 from moeproxy.signatures.values import NONFINITE_PATTERN, NONFINITE_SPELLINGS, format_value, parse_nonfinite
 
 SPELLINGS = [

@@ -30,7 +30,7 @@ def agree(metric: str) -> MetricMatch:
 
 
 def flat_agree(metric: str) -> MetricMatch:
-    """An affected metric expected flat and flat in the run: agreement on no change."""
+    """An affected metric expected flat (the twins moved it, the fault did not) and flat in the run."""
     return MetricMatch(metric, SOURCES.get(metric, metric), True, 0, 0, 1.0)
 
 
@@ -99,12 +99,23 @@ def test_close_scores_on_other_evidence_are_no_tie():
     assert sibling_notes(candidates) == ()
 
 
-def test_agreeing_on_no_change_is_not_shared_evidence():
-    # Both agree on four metrics staying flat and on nothing that moved: no evidence, no note.
-    flat = [flat_agree(m) for m in MISMATCH]
+def test_agreeing_on_no_change_of_an_unaffected_metric_is_not_shared_evidence():
+    # Both leave four metrics alone, and the run shows them flat: every class that leaves them
+    # alone would agree, so no evidence and no note.
+    flat = [MetricMatch(m, SOURCES.get(m, m), False, 0, 0, 1.0) for m in MISMATCH]
     candidates = [candidate("reward_fault", 0.5, *flat), candidate("actor_update_omission", 0.49, *flat)]
     assert agreeing_metrics(candidates[0]) == frozenset()
     assert sibling_notes(candidates) == ()
+
+
+def test_staying_flat_where_the_twins_moved_is_shared_evidence():
+    # Affected and expected flat: the fingerprints' healthy twins raised the reward and these faults
+    # (present from step 0) did not. Two classes resting on that absence are siblings.
+    candidates = [candidate("reward_fault", 1.0, flat_agree("reward_mean")),
+                  candidate("actor_update_omission", 1.0, flat_agree("reward_mean")), candidate("healthy", 0.77)]
+    assert agreeing_metrics(candidates[0]) == {"reward_mean"}
+    (note,) = sibling_notes(candidates)
+    assert note.classes == ("reward_fault", "actor_update_omission")
 
 
 def test_a_metric_the_run_logs_is_looked_at_not_logged():

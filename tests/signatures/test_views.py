@@ -11,7 +11,13 @@ from moeproxy.signatures.canonical import MetricSeries, RunMetrics, canonicalise
 from moeproxy.signatures.fingerprint import FingerprintLibrary, load_library, save_library
 from moeproxy.signatures.matching import triage
 from moeproxy.signatures.synthetic import synthetic_run
-from moeproxy.signatures.vocabulary import CONTROL_METRICS, DEFAULT_ALIASES, VIEWS, alias_index, canonical_name
+from moeproxy.signatures.vocabulary import (
+    CONTROL_METRICS,
+    DEFAULT_ALIASES,
+    VIEWS,
+    alias_index,
+    canonical_name,
+)
 
 from .conftest import CLASSES, ONSET, STEPS
 
