@@ -1,231 +1,255 @@
-"""Diagnosis benchmark: a proxy-built fingerprint library diagnosing runs of the ORIGINAL model.
+"""Diagnosis benchmark v2 (issue 17, item 7): four evaluation sets side by side, each beside the
+one-line NaN rule and a random ranking, every share with its Wilson 95% interval.
 
-Stages (each skips work already on disk, so the script can be re-run after an interruption):
+The sets:
 
-1. ``original``: the original MoE model. ``--original DIR`` uses an existing checkpoint; without it
-   the stand-in is built: the warmed tiny Qwen3-MoE of the reproduction tests
-   (tests/reproduction/repro_models.warm_tiny, seed 0, 300 SFT steps; 8 routed experts, top-2).
-2. ``proxy``: ``moeproxy build --keep-ratio 0.5`` (three-view clustering, synthetic task calibration).
-3. ``library``: ``moeproxy fingerprints generate`` on the proxy with signatures/library/campaign.json
-   (library seeds and calibration seeds run on the proxy only).
-4. ``heldout``: the original model runs every campaign fault with seeds, an onset and magnitudes
-   not used for the library (``moeproxy reproduce``), plus healthy runs.
-5. ``evaluate``: triage of every held-out original run against the library: top-1 / top-3 per
-   class, confusion matrix, healthy false alarms, leave-one-class-out weak rate, latency.
-   Writes benchmarks/results/diagnosis.json.
+- ``heldout-qwen3``: in-engine held-out runs of the Qwen3-MoE RL starting point itself
+  (``qwen3-moe-64e-rl``, the *original* the campaign-v2 proxy was cut from): every campaign-v2
+  variant once, seeds never used by the library (100; healthy 100-102), a magnitude between the
+  library's two (x1.5 the default), code bugs alternately at onset 0 and at a mid-run onset drawn from
+  the seed, configuration faults at onset 0. In-distribution in the sense that matters least: the
+  same engine and fault injectors made the library.
+- ``heldout-deepseek``: the same jobs on the DeepSeek-V3 RL starting point (``deepseek-v3-64e-rl``),
+  an architecture the library was never built from.
+- ``field``: 38 reconstructions of public verl / TRL / OpenRLHF reports (benchmarks/field).
+- ``trl_runs``: 7 real TRL ``GRPOTrainer`` runs (benchmarks/results/trl_runs).
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/diagnosis.py --work runs/diagnosis \
-        --library signatures/library
+Each in-engine run is written in one framework's view (verl, TRL, OpenRLHF in turn, by job), as
+that framework's logger would write it, so the in-engine sets are not all verl-shaped.
+
+Stages (each reuses what is on disk; stop and start again at will):
+
+1. ``heldout``: run the held-out jobs on each reference through ``run_campaign`` (resumable), at the
+   campaign-v2 batch (benchmarks/results/campaign-v2/sizing.json).
+2. ``export``: write each reference's finished runs as a labelled set (``labels.json``,
+   ``traces/<id>.jsonl``, ``MANIFEST.sha256``) under ``benchmarks/heldout/<set>/``. A set that already
+   has a manifest is frozen: export refuses to change it. Commit the sets before ``evaluate``.
+3. ``evaluate``: score the four sets (``benchmarks/evalsets.py``, each scoring appended to
+   ``benchmarks/results/field-scores.jsonl``), the left-out-class weak rate on the in-engine sets
+   (each fault run triaged with its class removed from the library: the share answered ``weak``), and
+   print the markdown table docs/benchmarks.md carries. Writes ``benchmarks/results/diagnosis_v2.json``.
+
+    OMP_NUM_THREADS=2 nice -n 10 python benchmarks/diagnosis.py --work runs/diagnosis-v2
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-HELDOUT_SEEDS = (200, 201, 202)
-HELDOUT_ONSET = 14  # the library runs use onset 10 (signatures/library/campaign.json)
-HELDOUT_MAGNITUDE_FACTOR = 1.5  # where a variant takes a magnitude
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import evalsets  # the scorer of every labelled set (found through the path above)
+
+#: set name -> reference model of the in-engine held-out sets.
+REFERENCES: dict[str, str] = {"heldout-qwen3": "qwen3-moe-64e-rl", "heldout-deepseek": "deepseek-v3-64e-rl"}
+FIELD_SETS: dict[str, Path] = {"field": ROOT / "benchmarks" / "field",
+                               "trl_runs": ROOT / "benchmarks" / "results" / "trl_runs"}
+HELDOUT_ROOT = ROOT / "benchmarks" / "heldout"
+HELDOUT_SEED = 100
+HEALTHY_SEEDS = (100, 101, 102)
+MAGNITUDE_FACTOR = 1.5  # the library holds x1 and x3 (campaign.SECOND_MAGNITUDE)
+STEPS = 120
+VIEW_ORDER = ("verl", "trl", "openrlhf")
+#: Framework name a set's label carries for each view (the importer's names).
+VIEW_FRAMEWORK = {"verl": "verl", "trl": "trl", "openrlhf": "openrlhf"}
 
 
-def moeproxy(*args: str) -> None:
-    cmd = [sys.executable, "-c", "from moeproxy.cli import main; main()", *args]
-    print("$ moeproxy " + " ".join(args), flush=True)
-    subprocess.run(cmd, check=True)
-
-
-def stage_original(work: Path, given: str | None) -> Path:
-    if given:
-        return Path(given)
-    out = work / "original"
-    if not (out / "config.json").exists():
-        sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "reproduction")]
-        from repro_models import warm_tiny
-
-        warm_tiny(out, seed=0, sft_steps=300)
-    return out
-
-
-def stage_proxy(work: Path, original: Path) -> Path:
-    out = work / "proxy"
-    if not (out / "proxy_report.json").exists():
-        moeproxy("build", "--model", str(original), "--out", str(out), "--keep-ratio", "0.5",
-                 "--calibration", "synthetic:tasks", "--max-tokens", "4096", "--overwrite")
-    return out
-
-
-def stage_library(work: Path, proxy: Path, library: Path, campaign: Path) -> None:
-    moeproxy("fingerprints", "generate", "--model", str(proxy), "--out", str(library),
-             "--work", str(work / "campaign"), "--campaign", str(campaign))
-
-
-def heldout_jobs(campaign: Path, onset: int = HELDOUT_ONSET) -> list[tuple[str, dict]]:
-    from moeproxy.reproduction.catalogue import FAULT_CLASSES, at_onset
+def heldout_jobs(steps: int = STEPS) -> list:
+    """Healthy x3 and every campaign-v2 variant once (see the module docstring)."""
+    from moeproxy.reproduction.campaign import HEALTHY, MID_RUN, CampaignJob, FaultEntry, OnsetRule, _scaled
+    from moeproxy.reproduction.catalogue import FAULT_CLASSES, variant_kind
     from moeproxy.reproduction.faults import injector_class
 
-    jobs, seen = [], set()
-    for job in json.loads(campaign.read_text())["jobs"]:
-        cls, params = job["fault_class"], dict(job.get("params") or {})
-        if cls == "healthy":
+    jobs = [CampaignJob(HEALTHY, s, steps, "heldout") for s in HEALTHY_SEEDS]
+    code_bugs = 0
+    for name, fc in FAULT_CLASSES.items():
+        if name == "healthy":
             continue
-        variant = params.pop("variant", FAULT_CLASSES[cls].variants[0])
-        # One held-out job per class and variant: the library may hold several magnitudes of it,
-        # the held-out runs use their own (the default × HELDOUT_MAGNITUDE_FACTOR).
-        if (cls, variant) in seen:
-            continue
-        seen.add((cls, variant))
-        params.pop("magnitude", None)
-        params = at_onset(cls, variant, params, onset)
-        defaults = injector_class(cls, variant).defaults
-        if isinstance(defaults.get("magnitude"), int | float):
-            params["magnitude"] = defaults["magnitude"] * HELDOUT_MAGNITUDE_FACTOR
-        jobs.append((cls, {"variant": variant, **params}))
+        for variant in fc.variants:
+            defaults = injector_class(name, variant).defaults
+            params = {"magnitude": _scaled(defaults["magnitude"], MAGNITUDE_FACTOR)} if "magnitude" in defaults else {}
+            if variant_kind(name, variant) == "configuration":
+                onset = OnsetRule(0)
+            else:
+                onset = OnsetRule(0) if code_bugs % 2 == 0 else OnsetRule(step=None, within=MID_RUN)
+                code_bugs += 1
+            jobs.append(CampaignJob(FaultEntry(name, variant, params, onset), HELDOUT_SEED, steps, "heldout"))
     return jobs
 
 
-def stage_heldout(work: Path, original: Path, campaign: Path, steps: int, seeds: tuple[int, ...],
-                  name: str, onset: int = HELDOUT_ONSET) -> Path:
-    base = work / name
-    seeds = ",".join(map(str, seeds))
-    todo = [("healthy", {})] + heldout_jobs(campaign, onset)
-    for cls, params in todo:
-        d = base / cls
-        if (d / "manifest.json").exists():
-            continue
-        p = dict(params)
-        variant = p.pop("variant", None)
-        args = ["reproduce", "--model", str(original), "--fault", cls, "--steps", str(steps), "--seeds", seeds,
-                "--no-healthy", "--quiet", "--out", str(d)]
-        if variant:
-            args += ["--variant", variant]
-        for k, v in p.items():
-            args += ["--param", f"{k}={v}"]
-        moeproxy(*args)
-    return base
+def engine_config(reference: str, batch: Sequence[int], threads: int):
+    from moeproxy.reproduction.config import EngineConfig
+    from moeproxy.reproduction.reference import rl_engine_defaults
+
+    prompts, group, minis = batch
+    return EngineConfig.from_dict({**EngineConfig(**rl_engine_defaults(reference)).to_dict(),
+                                   "prompts_per_step": prompts, "group_size": group,
+                                   "ppo_mini_batch_size": prompts // minis, "threads": threads})
 
 
-def stage_evaluate(base: Path, library_path: Path, out: Path, original: Path, seeds: tuple[int, ...],
-                   onset: int = HELDOUT_ONSET) -> dict:
-    from moeproxy.signatures import dtw
-    from moeproxy.signatures.build import load_trace_dir
-    from moeproxy.signatures.canonical import canonicalise
-    from moeproxy.signatures.features import run_signature
+def campaign_batch() -> tuple[int, int, int]:
+    """The batch campaign v2 was sized to (its sizing.json), so held-out and library runs match."""
+    sizing = json.loads((ROOT / "benchmarks" / "results" / "campaign-v2" / "sizing.json").read_text())
+    return tuple(sizing["batch"])
+
+
+def stage_heldout(work: Path, set_name: str, threads: int, steps: int) -> Path:
+    from moeproxy.reproduction.campaign import run_campaign
+    from moeproxy.reproduction.reference import reference_model_path
+
+    reference = REFERENCES[set_name]
+    out = work / set_name
+    t0 = time.perf_counter()
+    result = run_campaign(reference_model_path(reference), heldout_jobs(steps),
+                          engine_config(reference, campaign_batch(), threads), out)
+    print(f"{set_name}: {len(result.ran)} runs made, {len(result.skipped)} reused, {len(result.failed)} failed, "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    if result.failed:
+        raise SystemExit(f"{set_name}: failed jobs: {', '.join(result.failed)} (run again to retry them)")
+    return out
+
+
+def export_set(campaign_dir: Path, target: Path, set_name: str) -> Path:
+    """Write the finished runs of a held-out campaign as a labelled, frozen set."""
+    from moeproxy.reproduction.views import project
+    from moeproxy.signatures.values import format_value
+
+    manifest = json.loads((campaign_dir / "manifest.json").read_text())
+    done = [j for j in manifest["jobs"] if j["state"] == "finished"]
+    if len(done) != len(manifest["jobs"]):
+        raise SystemExit(f"{campaign_dir}: {len(manifest['jobs']) - len(done)} job(s) not finished; run heldout first")
+    files: dict[str, bytes] = {}
+    labels: dict[str, dict[str, Any]] = {}
+    for i, job in enumerate(sorted(done, key=lambda j: j["id"])):
+        view = VIEW_ORDER[i % len(VIEW_ORDER)]
+        rid = job["id"].split("/", 1)[1].replace("/", "__")
+        records = [json.loads(line) for line in (campaign_dir / job["trace"]).read_text().splitlines() if line.strip()]
+        lines = [json.dumps({"step": r["step"], "values": {k: format_value(v) for k, v in r["values"].items()}})
+                 for r in project(records, view)]
+        files[f"traces/{rid}.jsonl"] = ("\n".join(lines) + "\n").encode()
+        labels[rid] = {"label": job["fault_class"], "variant": job["variant"], "onset": job["onset"],
+                       "framework": VIEW_FRAMEWORK[view], "seed": job["seed"], "steps": job["steps"],
+                       "fault": job["fault"], "source_trace_sha256": job["trace_sha256"]}
+    files["labels.json"] = (json.dumps(labels, indent=1, sort_keys=True) + "\n").encode()
+    files["README.md"] = _readme(set_name, manifest, len(labels)).encode()
+    listing = "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in sorted(files.items()))
+    existing = target / "MANIFEST.sha256"
+    if existing.exists():
+        if existing.read_text() != listing:
+            raise SystemExit(f"{target} is frozen (MANIFEST.sha256) and the export differs from it: "
+                             "a scored set is not rewritten; export into a new directory")
+        print(f"{target}: unchanged (frozen)")
+        return target
+    for name, data in files.items():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        (target / name).write_bytes(data)
+    existing.write_text(listing)
+    print(f"{target}: {len(labels)} runs written and frozen (commit it before scoring)")
+    return target
+
+
+def _readme(set_name: str, manifest: Mapping[str, Any], n: int) -> str:
+    model = manifest.get("model", {})
+    return (f"# {set_name}\n\n"
+            f"{n} in-engine held-out runs made by `benchmarks/diagnosis.py` (stages heldout, export) on "
+            f"`{model.get('path', '?')}`: healthy seeds {', '.join(map(str, HEALTHY_SEEDS))} and every "
+            f"campaign-v2 variant once at seed {HELDOUT_SEED}, magnitude x{MAGNITUDE_FACTOR} where a variant "
+            f"takes one, code bugs alternately at onset 0 and mid-run, {STEPS} steps. Each run is written in "
+            "one framework's view (verl, TRL, OpenRLHF in turn). `labels.json` holds the class, variant, onset "
+            "and the hash of the engine's raw trace; `MANIFEST.sha256` freezes the set before any scoring.\n")
+
+
+def stage_evaluate(library: Path, log: Path | None, note: str, out: Path,
+                   heldout_root: Path = HELDOUT_ROOT) -> dict[str, Any]:
+    from moeproxy.signatures.canonical import load_run
     from moeproxy.signatures.fingerprint import load_library
     from moeproxy.signatures.matching import triage
 
-    dtw.warm()
-    lib = load_library(library_path)
-    classes = list(lib.fault_classes)
-    runs = []
-    for d in sorted(base.iterdir()):
-        if not (d / "manifest.json").exists():
-            print(f"skipping {d}: no manifest (run not finished)")
+    sets = {**{name: heldout_root / name for name in REFERENCES}, **FIELD_SETS}
+    lib = load_library(library)
+    results: dict[str, Any] = {}
+    for name, root in sets.items():
+        if not (root / "labels.json").exists():
+            print(f"{name}: no set at {root} (run heldout and export first); left out")
             continue
-        ts = load_trace_dir(d)
-        runs += [(ts.fault_class, seed, r) for seed, r in sorted(ts.fault_runs.items())]
-    confusion: dict[str, dict[str, int]] = {c: {} for c in classes}
-    per_class: dict[str, dict[str, int]] = {}
-    latencies, rows = [], []
-    healthy_false_alarms = healthy_runs = 0
-    loco_weak = loco_total = 0
-    for cls, seed, run in runs:
-        t = time.perf_counter()
-        sig = run_signature(canonicalise(run), lib.params)
-        res = triage(sig, lib)
-        latencies.append(time.perf_counter() - t)
-        ranked = [c.fault_class for c in res.candidates]
-        top = res.candidates[0]
-        stats = per_class.setdefault(cls, {"runs": 0, "top1": 0, "top3": 0})
-        stats["runs"] += 1
-        stats["top1"] += ranked[0] == cls
-        stats["top3"] += cls in ranked[:3]
-        confusion.setdefault(cls, {})
-        confusion[cls][ranked[0]] = confusion[cls].get(ranked[0], 0) + 1
-        row = {"class": cls, "seed": seed, "top": ranked[:3], "top_score": round(top.score, 3),
-               "top_strength": top.strength, "verdict": res.verdict}
-        if cls == "healthy":
-            healthy_runs += 1
-            alarm = top.fault_class != "healthy" and top.strength == "strong"
-            healthy_false_alarms += alarm
-        elif cls in classes:
-            loo = triage(sig, lib.without_class(cls))
-            weak = loo.candidates[0].strength == "weak"
-            loco_weak += weak
-            loco_total += 1
-            row["left_out_top"] = [loo.candidates[0].fault_class, round(loo.candidates[0].score, 3),
-                                   loo.candidates[0].strength]
-        rows.append(row)
-    n = len(runs)
-    figures = {
-        "library": str(library_path),
-        "fingerprints": len(lib.fingerprints),
-        "strong_threshold": lib.calibration.strong_threshold,
-        "heldout_runs": n,
-        "top1": sum(s["top1"] for s in per_class.values()) / n,
-        "top3": sum(s["top3"] for s in per_class.values()) / n,
-        "per_class": per_class,
-        "confusion": confusion,
-        # Ranked first AND reported strong: what a user gets as a confident answer.
-        "correct_strong": sum(r["top"][0] == r["class"] and r["top_strength"] == "strong" for r in rows) / n,
-        "healthy_runs": healthy_runs,
-        "healthy_false_alarms": healthy_false_alarms,
-        "loco_weak_rate": loco_weak / loco_total if loco_total else None,
-        "loco_runs": loco_total,
-        "triage_latency_median_s": statistics.median(latencies),
-        "rows": rows,
-        "heldout": {"original": str(original), "seeds": list(seeds), "onset": onset,
-                    "magnitude_factor": HELDOUT_MAGNITUDE_FACTOR, "traces": str(base)},
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
-    }
+        figures = evalsets.score_set(root, library, name=name, log=log, note=note)
+        if name in REFERENCES:
+            weak = total = 0
+            for item in evalsets.load_set(root):
+                if item.label == "healthy" or item.label not in lib.fault_classes:
+                    continue
+                res = triage(load_run(item.path, framework=item.framework), lib.without_class(item.label),
+                             framework=item.framework)
+                weak += res.candidates[0].strength == "weak"
+                total += 1
+            figures["left_out_class_weak"] = evalsets.share(weak, total)
+        results[name] = figures
+    report = {"library": str(library), "library_sha256": evalsets._file_hash(library), "sets": results,
+              "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()}}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=1) + "\n")
-    print(f"top-1 {figures['top1']:.0%} (strong {figures['correct_strong']:.0%})  top-3 {figures['top3']:.0%}  healthy false alarms "
-          f"{healthy_false_alarms}/{healthy_runs}  LOCO weak {figures['loco_weak_rate']}")
-    for c, s in per_class.items():
-        print(f"  {c:<24} top-1 {s['top1']}/{s['runs']}  top-3 {s['top3']}/{s['runs']}  -> {confusion.get(c)}")
-    return figures
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(table(results))
+    return report
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--work", default="runs/diagnosis")
-    ap.add_argument("--original", default=None)
+def table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The markdown table of docs/benchmarks.md: one row per set, engine then the two baselines."""
+
+    def pct(s: Mapping[str, Any] | None) -> str:
+        if not s or s.get("value") is None:
+            return "–"
+        return f"{s['value']:.0%} [{s['ci95'][0]:.0%}–{s['ci95'][1]:.0%}]"
+
+    header = ("| set | runs | top-1 | top-3 | healthy false alarms | wrong `strong` | left-out class weak "
+              "| NaN rule top-1 | random top-1 | triage median |")
+    rows = [header, "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, f in results.items():
+        e, b = f["engine"], f["baselines"]
+        fa = e["healthy_false_alarms"]
+        rows.append(f"| {name} | {e['runs']} | {pct(e['top1'])} | {pct(e['top3'])} | {fa['k']}/{fa['n']} "
+                    f"| {pct(e.get('wrong_strong'))} | {pct(f.get('left_out_class_weak'))} "
+                    f"| {pct(b['nan_rule']['top1'])} | {pct(b['random']['top1'])} "
+                    f"| {f['triage_latency_median_s'] * 1000:.0f} ms |")
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", default="runs/diagnosis-v2")
+    ap.add_argument("--stages", default="heldout,export,evaluate")
+    ap.add_argument("--sets", default=",".join(REFERENCES), help="in-engine sets to run and export")
     ap.add_argument("--library", default=str(ROOT / "signatures" / "library"))
-    ap.add_argument("--campaign", default=str(ROOT / "signatures" / "library" / "campaign.json"))
-    ap.add_argument("--steps", type=int, default=None, help="held-out run length (default: the campaign's)")
-    ap.add_argument("--stages", default="original,proxy,library,heldout,evaluate")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "diagnosis.json"))
-    ap.add_argument("--heldout-seeds", default=",".join(map(str, HELDOUT_SEEDS)))
-    ap.add_argument("--heldout-onset", type=int, default=HELDOUT_ONSET,
-                    help="fault onset of the held-out runs (the library's runs use the campaign's)")
-    ap.add_argument("--heldout-dir", default="heldout-original",
-                    help="folder under --work for the held-out runs (one per original model)")
-    args = ap.parse_args()
-    seeds = tuple(int(s) for s in args.heldout_seeds.split(","))
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--log", default=str(ROOT / "benchmarks" / "results" / "field-scores.jsonl"))
+    ap.add_argument("--note", default="diagnosis benchmark v2: four sets")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "diagnosis_v2.json"))
+    ap.add_argument("--heldout-root", default=str(HELDOUT_ROOT), help="where export writes the sets")
+    args = ap.parse_args(argv)
     stages = set(args.stages.split(","))
-    campaign = Path(args.campaign)
-    steps = args.steps or json.loads(campaign.read_text()).get("steps", 24)
-    original = stage_original(work, args.original)
-    if "proxy" in stages or "library" in stages:
-        proxy = stage_proxy(work, original)
-    if "library" in stages:
-        stage_library(work, proxy, Path(args.library), campaign)
-    if "heldout" in stages or "evaluate" in stages:
-        base = (stage_heldout(work, original, campaign, steps, seeds, args.heldout_dir,
-                                     args.heldout_onset) if "heldout" in stages
-                else work / args.heldout_dir)
+    work = Path(args.work)
+    names = [s for s in args.sets.split(",") if s]
+    unknown = set(names) - set(REFERENCES)
+    if unknown:
+        raise SystemExit(f"unknown set(s) {', '.join(sorted(unknown))}; known: {', '.join(REFERENCES)}")
+    for name in names:
+        if "heldout" in stages:
+            stage_heldout(work, name, args.threads, args.steps)
+        if "export" in stages:
+            export_set(work / name, Path(args.heldout_root) / name, name)
     if "evaluate" in stages:
-        stage_evaluate(base, Path(args.library), Path(args.out), original, seeds, args.heldout_onset)
+        stage_evaluate(Path(args.library), Path(args.log) if args.log else None, args.note, Path(args.out),
+                       Path(args.heldout_root))
 
 
 if __name__ == "__main__":
