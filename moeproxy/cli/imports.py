@@ -18,7 +18,7 @@ from moeproxy.importers import FORMATS
 FORMAT_HELP = f"{', '.join(FORMATS)} (default: detected from the file)"
 
 
-def read_imported(source: Path, format: str | None):
+def read_imported(source: str | Path, format: str | None):
     """The source through the importers registry; a bad file becomes a clean exit naming it."""
     from moeproxy.importers import InvalidSource, read_source
 
@@ -29,7 +29,8 @@ def read_imported(source: Path, format: str | None):
 
 
 def import_command(
-    source: Path = typer.Argument(..., help="A file or folder: trainer_state.json, verl log, CSV, Parquet, TensorBoard."),
+    source: str = typer.Argument(..., help="A file or folder (trainer_state.json, verl log, CSV, Parquet, TensorBoard, "
+                                 "mlruns), or an MLflow run: mlflow:<tracking-uri>#<run-id>."),
     format: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     run_name: str | None = typer.Option(None, "--run-name", help="Run name in the service (default: from the source)."),
     framework: str | None = typer.Option(None, "--framework", help="verl, trl, openrlhf, ... (default: detected)."),
@@ -57,5 +58,6 @@ def import_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("import", help="Import a past run (trainer_state.json, verl logs, CSV, Parquet, TensorBoard).")(
+    app.command("import", help="Import a past run (trainer_state.json, verl logs, CSV, Parquet, TensorBoard, "
+                               "MLflow).")(
         import_command)

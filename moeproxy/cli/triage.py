@@ -3,7 +3,8 @@
 The run is a file (JSONL of ``{"step", "values"}`` lines as the reproduction traces, NaN/Infinity
 literals allowed; or a JSON object with ``steps`` — the REST ingest body — and optional
 ``framework``), a past run in any format ``moeproxy import`` reads (:mod:`moeproxy.importers`:
-trainer_state.json, verl's logs, CSV, Parquet, TensorBoard), read the same way, or a run of the service (``--run ID --url --token``), whose metrics are read over
+trainer_state.json, verl's logs, CSV, Parquet, TensorBoard, MLflow), read the same way, or a run of
+the service (``--run ID --url --token``), whose metrics are read over
 HTTP (``GET /api/v1/runs/{id}/metrics``). ``--json`` prints the triage object of SPEC section 5.
 """
 
@@ -18,7 +19,7 @@ from moeproxy.cli.fingerprints import LibraryOption, _fail, _load
 from moeproxy.cli.imports import FORMAT_HELP
 
 
-def read_run(file: Path | None, run_id: str | None, url: str | None, token: str | None,
+def read_run(file: str | Path | None, run_id: str | None, url: str | None, token: str | None,
              framework: str | None, format: str | None = None):
     """A RunMetrics from a file or from the service; user errors become a clean exit."""
     from moeproxy.signatures.canonical import RunMetrics, load_run
@@ -27,12 +28,16 @@ def read_run(file: Path | None, run_id: str | None, url: str | None, token: str 
     if (file is None) == (run_id is None):
         raise _fail("give either a FILE or --run ID")
     if file is not None:
-        if not file.exists():
+        from moeproxy.importers import is_uri
+
+        if is_uri(file):
+            return _read_imported(file, framework, format)
+        if not Path(file).exists():
             raise _fail(f"{file}: no such file")
-        if format is not None or _imported_format(file):
+        if format is not None or _imported_format(Path(file)):
             return _read_imported(file, framework, format)
         try:
-            return load_run(file, framework=framework)
+            return load_run(Path(file), framework=framework)
         except InvalidRun as exc:
             raise _fail(str(exc)) from None
     import httpx
@@ -71,7 +76,7 @@ def _imported_format(file: Path) -> str | None:
         raise _fail(str(exc)) from None
 
 
-def _read_imported(file: Path, framework: str | None, format: str | None):
+def _read_imported(file: str | Path, framework: str | None, format: str | None):
     """A past run through the importers, as ``moeproxy import`` would store it."""
     from moeproxy.cli.imports import read_imported
     from moeproxy.signatures.canonical import RunMetrics
@@ -88,7 +93,7 @@ def _public_url() -> str:
 
 
 def triage_command(
-    file: Path | None = typer.Argument(
+    file: str | None = typer.Argument(
         None, help="Run file: JSONL of {step, values}, a JSON {steps: [...]}, or any `moeproxy import` source."),
     run_id: str | None = typer.Option(None, "--run", help="A run id of the service instead of a file."),
     url: str | None = typer.Option(None, "--url", help="Service URL (default MOEPROXY_URL or MOEPROXY_PUBLIC_URL)."),

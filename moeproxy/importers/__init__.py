@@ -4,7 +4,9 @@
 with their numeric values under the source's own names, and the framework those names reveal);
 ``moeproxy import`` posts it to the service (:mod:`moeproxy.importers.upload`) and
 ``moeproxy triage`` ranks it locally. ``FORMATS`` is the registry: a format is a name, a detector
-and a reader, so adding one is adding an entry. Detectors are tried in the table's order.
+and a reader, so adding one is adding an entry. Detectors are tried in the table's order. A source
+that is not a path (an MLflow run of a tracking server, ``mlflow:<tracking-uri>#<run-id>``) is a
+string with its format's ``uri_prefix``.
 
 This package reads files and speaks HTTP; it imports nothing from ``moeproxy.service`` (the
 framework names come from the signature library's alias table, which is plain data).
@@ -16,12 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from moeproxy.importers import table, tensorboard, trainer_state, verl
+from moeproxy.importers import mlflow_run, table, tensorboard, trainer_state, verl
 from moeproxy.importers.base import InvalidSource, Records
 from moeproxy.importers.framework import detect_framework
 from moeproxy.integrations._common import numeric_metrics
 
-__all__ = ["FORMATS", "Format", "ImportedRun", "InvalidSource", "detect_format", "detect_framework", "read_source"]
+__all__ = ["FORMATS", "Format", "ImportedRun", "InvalidSource", "detect_format", "detect_framework", "is_uri",
+           "read_source"]
+
+#: A source as given: a path, or for a format with a ``uri_prefix`` a string.
+Source = Path | str
 
 # Enough of a file to tell its format from its first lines.
 HEAD_BYTES = 64 * 1024
@@ -32,7 +38,11 @@ class Format:
     name: str
     description: str
     detect: Callable[[Path, str | None], bool]
-    read: Callable[[Path], Records]
+    read: Callable[[Source], Records]
+    #: Sources of this format that are not paths start with it (``mlflow:``).
+    uri_prefix: str | None = None
+    #: The run's own name where the source holds one (an MLflow run's run_name); else from the path.
+    run_name: Callable[[Source], str] | None = None
 
 
 FORMATS: dict[str, Format] = {
@@ -46,6 +56,9 @@ FORMATS: dict[str, Format] = {
                verl.read_console),
         Format("csv", "CSV or TSV with a step column", table.detect_csv, table.read_csv),
         Format("parquet", "Parquet with a step column (needs pyarrow)", table.detect_parquet, table.read_parquet),
+        # Before TensorBoard: an MLflow run may keep event files among its artifacts.
+        Format("mlflow", "MLflow run: mlflow:<tracking-uri>#<run-id>, or a local mlruns folder (needs mlflow)",
+               mlflow_run.detect, mlflow_run.read, uri_prefix=mlflow_run.URI_PREFIX, run_name=mlflow_run.run_name),
         Format("tensorboard", "TensorBoard event file or run folder (needs tensorboard)", tensorboard.detect,
                tensorboard.read),
     )
@@ -56,7 +69,7 @@ FORMATS: dict[str, Format] = {
 class ImportedRun:
     """A past run as read: ``steps`` ascending, each with the numeric values logged at it."""
 
-    source: Path
+    source: Source
     format: str
     name: str
     framework: str | None
@@ -80,9 +93,12 @@ def _head(path: Path) -> str | None:
         raise InvalidSource(f"{path}: {exc.strerror or exc}") from None
 
 
-def _run_name(path: Path, format: str) -> str:
-    """A default run name: the file's stem, or for trainer_state.json the output folder's name
-    (the file sits in ``<output_dir>/`` or ``<output_dir>/checkpoint-N/``)."""
+def _run_name(path: Source, format: str) -> str:
+    """A default run name: the source's own (``Format.run_name``), the file's stem, or for
+    trainer_state.json the output folder's name (the file sits in ``<output_dir>/`` or
+    ``<output_dir>/checkpoint-N/``)."""
+    if FORMATS[format].run_name is not None:
+        return FORMATS[format].run_name(path)
     if path.is_dir() or format != "trainer_state":
         return path.name if path.is_dir() else path.stem
     folder = path.resolve().parent
@@ -97,9 +113,25 @@ def detect_format(path: Path) -> str | None:
     return next((f.name for f in FORMATS.values() if f.detect(path, head)), None)
 
 
-def read_source(path: str | Path, format: str | None = None) -> ImportedRun:
-    """Read ``path`` in ``format`` (detected when None); raises InvalidSource naming file and line."""
-    path = Path(path)
+def uri_format(source: Source) -> str | None:
+    """The format whose ``uri_prefix`` the source string starts with, else None (a path)."""
+    if not isinstance(source, str):
+        return None
+    return next((f.name for f in FORMATS.values() if f.uri_prefix and source.startswith(f.uri_prefix)), None)
+
+
+def is_uri(source: Source) -> bool:
+    return uri_format(source) is not None
+
+
+def read_source(source: Source, format: str | None = None) -> ImportedRun:
+    """Read ``source`` in ``format`` (detected when None); raises InvalidSource naming file and line."""
+    by_uri = uri_format(source)
+    if by_uri is not None:
+        if format not in (None, by_uri):
+            raise InvalidSource(f"{source}: a {by_uri} source, not {format!r}")
+        return _read(source, by_uri)
+    path = Path(source)
     if not path.exists():
         raise InvalidSource(f"{path}: no such file or directory")
     if format is None:
@@ -108,6 +140,10 @@ def read_source(path: str | Path, format: str | None = None) -> ImportedRun:
             raise InvalidSource(f"{path}: not a format moeproxy can read (give --format, one of {', '.join(FORMATS)})")
     elif format not in FORMATS:
         raise InvalidSource(f"unknown format {format!r} (one of {', '.join(FORMATS)})")
+    return _read(path, format)
+
+
+def _read(path: Source, format: str) -> ImportedRun:
     merged: dict[int, dict[str, float]] = {}
     for step, values in FORMATS[format].read(path):
         # A step logged twice (train and eval entries, a resumed job) keeps the later values.

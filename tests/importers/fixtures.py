@@ -1,5 +1,6 @@
 """Past runs written by the real libraries: transformers' TrainerState, pandas, torch's SummaryWriter,
-and verl's two loggers (verl itself does not install here: its writers are copied line for line)."""
+the mlflow client, and verl's two loggers (verl itself does not install here: its writers are copied
+line for line)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,23 @@ def verl_console_line(data: dict, step: int) -> str:
         if isinstance(v, numbers.Number):
             output.append(f"{k}:{pprint.pformat(v)}")
     return " - ".join(output)
+
+
+def write_mlflow_run(tracking_uri: str, steps: list[tuple[int, dict]], *, run_name: str,
+                     experiment: str = "grpo") -> str:
+    """One run logged as a training loop would: the first metric of each step with ``log_metric``,
+    the rest with ``log_batch``; returns the run id."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
+    for step, data in steps:
+        (first, value), *rest = data.items()
+        client.log_metric(run_id, first, float(value), step=step)
+        stamp = 1_700_000_000_000 + step
+        client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, step) for k, v in rest])
+    client.set_terminated(run_id)
+    return run_id

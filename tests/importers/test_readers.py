@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from tests.importers.fixtures import (
     trl_history,
     verl_console_line,
     verl_steps,
+    write_mlflow_run,
     write_trainer_state,
     write_verl_file_logger,
 )
@@ -22,6 +25,11 @@ from tests.importers.fixtures import (
 
 def _as_dict(run):
     return {step: values for step, values in run.steps}
+
+
+def _nan_as_none(steps: dict) -> dict:
+    """NaN != NaN: compare a NaN point as None, so that a lost or extra NaN still fails."""
+    return {s: {k: None if math.isnan(v) else v for k, v in values.items()} for s, values in steps.items()}
 
 
 def test_trainer_state_reads_log_history_without_the_summary(tmp_path):
@@ -101,6 +109,59 @@ def test_tensorboard_folder_from_summary_writer(tmp_path):
         read_source(tmp_path / "runs")
 
 
+def test_mlflow_file_store_run_through_the_client(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the writer's side; the reader sets it itself
+    store = tmp_path / "mlruns"
+    steps = verl_steps(n_steps=25)
+    steps[3][1]["actor/grad_norm"] = np.float64("nan")  # MLflow keeps a NaN: a point
+    run_id = write_mlflow_run(store.as_uri(), steps, run_name="dapo-seed1")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    expected = {step: {k: float(v) for k, v in data.items()} for step, data in steps}
+    [run_folder] = [p for p in store.glob("*/*") if p.name == run_id]
+    for source in (run_folder, store, f"mlflow:{store.as_uri()}#{run_id}"):
+        run = read_source(source)
+        assert (run.format, run.framework, run.name) == ("mlflow", "verl", "dapo-seed1")
+        got = _as_dict(run)
+        assert sorted(got) == list(range(1, 26)) and run.n_points == 25 * 6
+        assert math.isnan(got[4]["actor/grad_norm"])
+        assert _nan_as_none(got) == _nan_as_none(expected)  # every point, names as logged ("timing_s/step" too)
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+    write_mlflow_run(store.as_uri(), steps[:2], run_name="second")
+    with pytest.raises(InvalidSource, match=rf"{store}: 2 MLflow runs"):
+        read_source(store)
+
+
+def test_mlflow_sqlite_store_and_a_step_logged_twice(tmp_path):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = write_mlflow_run(uri, [(0, {"train/reward": 0.1, "train/kl": 0.0}), (1, {"train/reward": 0.2,
+                                                                                     "train/kl": 0.01})],
+                              run_name="ppo")
+    MlflowClient(tracking_uri=uri).log_metric(run_id, "train/reward", 0.25, step=1, timestamp=1_800_000_000_000)
+    run = read_source(f"mlflow:{uri}#{run_id}")
+    assert (run.format, run.framework, run.name) == ("mlflow", "openrlhf", "ppo")
+    assert _as_dict(run) == {0: {"train/reward": 0.1, "train/kl": 0.0}, 1: {"train/reward": 0.25, "train/kl": 0.01}}
+    with pytest.raises(InvalidSource, match=rf"mlflow:{uri}#0123abcd: .*0123abcd"):
+        read_source(f"mlflow:{uri}#0123abcd")
+
+
+def test_mlflow_sources_refused_with_what_to_give(tmp_path, monkeypatch):
+    with pytest.raises(InvalidSource, match="expected mlflow:<tracking-uri>#<run-id>"):
+        read_source("mlflow:http://localhost:5000")
+    with pytest.raises(InvalidSource, match="a mlflow source, not 'csv'"):
+        read_source("mlflow:#abc", "csv")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidSource, match="not an MLflow file store"):
+        read_source(tmp_path / "empty", "mlflow")
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)  # the light install
+    with pytest.raises(InvalidSource, match=r"needs the mlflow client, which the \[dev\] extra brings"):
+        read_source("mlflow:#abc")
+
+
 def test_detection_and_the_registry(tmp_path):
     (tmp_path / "own.jsonl").write_text(json.dumps({"step": 0, "values": {"kl": 0.1}}) + "\n")
     assert detect_format(tmp_path / "own.jsonl") is None  # the project's own format: triage reads it as before
@@ -109,7 +170,7 @@ def test_detection_and_the_registry(tmp_path):
         read_source(tmp_path / "notes.txt")
     with pytest.raises(InvalidSource, match="unknown format 'nope'"):
         read_source(tmp_path / "notes.txt", "nope")
-    assert set(FORMATS) >= {"trainer_state", "verl_file", "verl_console", "csv", "parquet", "tensorboard"}
+    assert set(FORMATS) >= {"trainer_state", "verl_file", "verl_console", "csv", "parquet", "tensorboard", "mlflow"}
 
 
 @pytest.mark.parametrize(("names", "framework"), [

@@ -1,6 +1,6 @@
 """``moeproxy import`` against a real uvicorn over SQLite: every point stored, a repeated import
-sends nothing, an interrupted one completes, and ``moeproxy triage`` of the file ranks what the
-server ranks for the imported run."""
+sends nothing, an interrupted one completes, and ``moeproxy triage`` of the file (or of the MLflow
+run) ranks what the server ranks for the imported run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from moeproxy.cli import app
-from tests.importers.fixtures import trl_history, verl_steps, write_trainer_state, write_verl_file_logger
+from tests.importers.fixtures import (
+    trl_history,
+    verl_steps,
+    write_mlflow_run,
+    write_trainer_state,
+    write_verl_file_logger,
+)
 
 runner = CliRunner()
 
@@ -96,3 +102,31 @@ def test_triage_of_a_trainer_state_equals_the_servers_triage_of_the_import(sqlit
     for a, b in zip(here["candidates"], served["candidates"], strict=True):
         assert a["score"] == pytest.approx(b["score"], abs=1e-9)
     assert here["verdict"] == served["verdict"]
+
+
+def test_an_mlflow_run_imported_by_uri_and_triaged_the_same(sqlite_live_server, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.delenv("MOEPROXY_FINGERPRINTS", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    server = sqlite_live_server
+    store = (tmp_path / "mlruns").as_uri()
+    source = f"mlflow:{store}#{write_mlflow_run(store, verl_steps(n_steps=40, seed=5), run_name='dapo-7')}"
+    res = _import(server, source)
+    assert res.exit_code == 0, res.output
+    assert f"read 240 points of 40 steps from {source} (mlflow)" in res.stdout
+    run, metrics = _stored(server, "dapo-7")
+    assert run["framework"] == "verl"
+    from moeproxy.importers import read_source
+
+    expected = {(name, step): value for step, values in read_source(source).steps for name, value in values.items()}
+    assert _points(metrics) == expected and len(expected) == 240
+    with _http(server) as http:
+        served = http.post(f"/api/v1/runs/{run['id']}/triage").json()
+    local = runner.invoke(app, ["triage", source, "--json"])
+    assert local.exit_code == 0, local.output
+    here = json.loads(local.stdout)
+    assert [c["fault_class"] for c in here["candidates"]] == [c["fault_class"] for c in served["candidates"]]
+    for a, b in zip(here["candidates"], served["candidates"], strict=True):
+        assert a["score"] == pytest.approx(b["score"], abs=1e-9)
+    missing = _import(server, f"mlflow:{store}#ffffffffffffffffffffffffffffffff")
+    assert missing.exit_code == 2 and "Run 'ffffffffffffffffffffffffffffffff' not found" in missing.stderr
