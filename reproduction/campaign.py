@@ -378,7 +378,15 @@ class InProcessBackend:
                 yield i, exc
 
 
-CAMPAIGN_BACKENDS: dict[str, Callable[[], CampaignBackend]] = {"local": InProcessBackend}
+def _ray_backend() -> CampaignBackend:
+    from moeproxy.reproduction.pool import RayBackend  # the pool module imports ray only when it runs
+
+    return RayBackend()
+
+
+#: name -> backend factory. ``ray`` with its defaults (the cluster Ray finds, else a local one);
+#: pass a configured ``pool.RayBackend`` for accelerators per job or an address.
+CAMPAIGN_BACKENDS: dict[str, Callable[[], CampaignBackend]] = {"local": InProcessBackend, "ray": _ray_backend}
 
 
 def get_campaign_backend(backend: str | CampaignBackend) -> CampaignBackend:
