@@ -11,6 +11,9 @@ Stages (each reuses what is on disk, so the script can be stopped at any time an
    the first whose whole campaign fits ``--budget-h`` CPU-hours is kept (the issue: shrink the
    batch, then the seeds, before dropping variants or onset 0). Written to ``OUT/sizing.json``.
 3. ``run``: the default campaign v2 (``default_campaign``) at that batch, into ``--work``.
+4. ``library`` (not in the default stages): the shipped library rebuilt from the finished campaign
+   (``moeproxy fingerprints generate`` on the same campaign, written to ``--library``); its manifest
+   names ``benchmarks/results/campaign-v2/manifest.json`` and its SHA-256.
 
     OMP_NUM_THREADS=2 nice -n 10 python benchmarks/campaign_v2.py --work runs/campaign-v2
 
@@ -195,6 +198,44 @@ def stage_run(proxy: Path, work: Path, sizing: dict, steps: int) -> None:
     print(f"ran {len(result.ran)}, reused {len(result.skipped)}, failed {len(result.failed)}", flush=True)
 
 
+def stage_library(proxy: Path, work: Path, sizing: dict, steps: int, out: Path, *, partial: bool = False) -> None:
+    """Build the fingerprint library from the campaign's traces (``moeproxy fingerprints generate``
+    on the same campaign: every job is found finished and reused), calibrated leave-one-seed-out
+    and per framework view; its manifest names the committed campaign manifest and its hash."""
+    from dataclasses import replace
+
+    from moeproxy.reproduction.campaign import default_campaign
+
+    campaign_dir = work / "campaign"
+    restore(proxy, campaign_dir)
+    manifest = json.loads((campaign_dir / "manifest.json").read_text())
+    pending = [j["id"] for j in manifest["jobs"] if j["state"] != "finished"]
+    if pending and not partial:
+        raise SystemExit(f"{len(pending)} of {len(manifest['jobs'])} campaign jobs are not finished (first: "
+                         f"{pending[0]}); run the 'run' stage first, or give --partial for a library of what is done")
+    campaign = replace(default_campaign(steps=steps), engine=sizing["engine"])
+    if partial:  # only the entries whose every job has finished
+        done = {j["entry"] for j in manifest["jobs"]} - {j["entry"] for j in manifest["jobs"] if j["id"] in pending}
+        campaign = replace(campaign, entries=tuple(e for e in campaign.entries if e.slug in done))
+    spec = (RESULTS if not partial else work) / "campaign.json"
+    spec.write_text(json.dumps(campaign.to_dict(), indent=1) + "\n")
+    cmd = [sys.executable, "-c", "from moeproxy.cli import main; main()", "fingerprints", "generate",
+           "--model", str(proxy), "--out", str(out), "--work", str(campaign_dir), "--campaign", str(spec),
+           "--quiet", "--json"]
+    print("$ moeproxy " + " ".join(cmd[3:]), flush=True)
+    subprocess.run(cmd, check=True)
+    # Name the committed copy of the campaign manifest (the work directory is scratch).
+    if not partial:
+        shutil.copy(campaign_dir / "manifest.json", RESULTS / "manifest.json")
+    lib_manifest_path = out / "manifest.json"
+    lib_manifest = json.loads(lib_manifest_path.read_text())
+    committed = RESULTS / "manifest.json"
+    lib_manifest["campaign"]["manifest"] = str(committed.relative_to(ROOT)) if not partial else str(campaign_dir / "manifest.json")
+    lib_manifest["campaign"]["manifest_sha256"] = _sha256(committed if not partial else campaign_dir / "manifest.json")
+    lib_manifest["campaign"]["partial"] = partial
+    lib_manifest_path.write_text(json.dumps(lib_manifest, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default=str(ROOT / "runs" / "campaign-v2"))
@@ -203,15 +244,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep-ratio", type=float, default=0.75)
+    ap.add_argument("--library", default=str(ROOT / "signatures" / "library"), help="where the library stage writes")
+    ap.add_argument("--partial", action="store_true",
+                    help="library stage: build from the entries finished so far (a check, not for shipping)")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     stages = set(args.stages.split(","))
     proxy = stage_proxy(work, args.keep_ratio)
-    if "measure" in stages or "run" in stages:
+    if stages & {"measure", "run", "library"}:
         sizing = stage_measure(proxy, work, args.budget_h, args.threads, args.steps)
     if "run" in stages:
         stage_run(proxy, work, sizing, args.steps)
+    if "library" in stages:
+        stage_library(proxy, work, sizing, args.steps, Path(args.library), partial=args.partial)
 
 
 if __name__ == "__main__":

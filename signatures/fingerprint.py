@@ -219,6 +219,21 @@ class FingerprintLibrary:
         return FingerprintLibrary(self.fingerprints, self.params, calibration, self.generator,
                                   self.format_version)
 
+    def layered(self, layer: FingerprintLibrary) -> FingerprintLibrary:
+        """This library with ``layer`` over it: the layer's fingerprints added (one with an id this
+        library holds replaces it) and the layer's calibration, which was made for the combination.
+        A model-specific layer (the fingerprints a reproduction on that model's proxy made) is read
+        this way over the shipped library; both must be built with the same signature parameters,
+        or their fingerprints would describe different features."""
+        if layer.params != self.params:
+            raise InvalidLibrary("params", "a layer must be built with the signature parameters of the "
+                                 "library under it")
+        ids = {f.id for f in layer.fingerprints}
+        kept = tuple(f for f in self.fingerprints if f.id not in ids)
+        generator = {**dict(self.generator), "layer": dict(layer.generator)}
+        return FingerprintLibrary(kept + layer.fingerprints, self.params, layer.calibration, generator,
+                                  self.format_version)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format_version": self.format_version,

@@ -161,3 +161,23 @@ def test_a_library_built_before_a_name_was_canonical_matches_runs_under_the_new_
         [{"step": k, "values": {"response_length/max": 40.0 + k, "response_length/clip_ratio": 0.1}} for k in range(5)],
         framework="verl"))
     assert set(trl.metrics) == set(verl.metrics) == {"response_length_max", "length_clip_ratio"}
+
+
+def test_a_layer_adds_its_fingerprints_over_the_library_and_brings_its_calibration(synthetic_library):
+    from dataclasses import replace
+
+    from moeproxy.signatures.features import SignatureParams
+    from moeproxy.signatures.fingerprint import Calibration, FingerprintLibrary
+
+    base = synthetic_library.without_class("router_corruption")
+    own = synthetic_library.of_class("router_corruption")[0]
+    redone = replace(synthetic_library.of_class("healthy")[0], provenance={"source": "proxy", "model": "m"})
+    layer = FingerprintLibrary((own, redone), base.params, Calibration(0.7, "layer", 4), {"command": "job 7"})
+    combined = base.layered(layer)
+    assert {f.id for f in combined.fingerprints} == {f.id for f in base.fingerprints} | {own.id}
+    assert len(combined.fingerprints) == len(base.fingerprints) + 1  # the healthy one was replaced
+    assert combined.get(redone.id).provenance["model"] == "m"
+    assert combined.calibration.strong_threshold == 0.7 and combined.generator["layer"] == {"command": "job 7"}
+    assert base.layered(FingerprintLibrary((), base.params)).fingerprints == base.fingerprints
+    with pytest.raises(InvalidLibrary, match="signature parameters"):
+        base.layered(FingerprintLibrary((own,), SignatureParams(alpha=0.1)))
