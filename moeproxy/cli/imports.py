@@ -14,7 +14,8 @@ import typer
 from moeproxy.cli.fingerprints import _fail
 from moeproxy.importers import FORMATS
 
-# The registry imports nothing heavy: pyarrow and tensorboard load when a file of theirs is read.
+# The registry imports nothing heavy: pyarrow, tensorboard and mlflow load when a source of theirs is read
+# (wandb runs as its own process).
 FORMAT_HELP = f"{', '.join(FORMATS)} (default: detected from the file)"
 
 
@@ -30,7 +31,8 @@ def read_imported(source: str | Path, format: str | None):
 
 def import_command(
     source: str = typer.Argument(..., help="A file or folder (trainer_state.json, verl log, CSV, Parquet, TensorBoard, "
-                                 "mlruns), or an MLflow run: mlflow:<tracking-uri>#<run-id>."),
+                                 "mlruns, a W&B run directory or CSV export), or an MLflow run: "
+                                 "mlflow:<tracking-uri>#<run-id>."),
     format: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     run_name: str | None = typer.Option(None, "--run-name", help="Run name in the service (default: from the source)."),
     framework: str | None = typer.Option(None, "--framework", help="verl, trl, openrlhf, ... (default: detected)."),
@@ -59,5 +61,5 @@ def import_command(
 
 def register(app: typer.Typer) -> None:
     app.command("import", help="Import a past run (trainer_state.json, verl logs, CSV, Parquet, TensorBoard, "
-                               "MLflow).")(
+                               "MLflow, W&B).")(
         import_command)

@@ -3,7 +3,7 @@
 The run is a file (JSONL of ``{"step", "values"}`` lines as the reproduction traces, NaN/Infinity
 literals allowed; or a JSON object with ``steps`` — the REST ingest body — and optional
 ``framework``), a past run in any format ``moeproxy import`` reads (:mod:`moeproxy.importers`:
-trainer_state.json, verl's logs, CSV, Parquet, TensorBoard, MLflow), read the same way, or a run of
+trainer_state.json, verl's logs, CSV, Parquet, TensorBoard, MLflow, W&B), read the same way, or a run of
 the service (``--run ID --url --token``), whose metrics are read over
 HTTP (``GET /api/v1/runs/{id}/metrics``). ``--json`` prints the triage object of SPEC section 5.
 """

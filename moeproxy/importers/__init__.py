@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from moeproxy.importers import mlflow_run, table, tensorboard, trainer_state, verl
+from moeproxy.importers import mlflow_run, table, tensorboard, trainer_state, verl, wandb_run
 from moeproxy.importers.base import InvalidSource, Records
 from moeproxy.importers.framework import detect_framework
 from moeproxy.integrations._common import numeric_metrics
@@ -54,8 +54,13 @@ FORMATS: dict[str, Format] = {
                verl.read_file_logger),
         Format("verl_console", "verl console log, step:N - key:value lines", verl.detect_console,
                verl.read_console),
+        # Before csv: a W&B export is a CSV whose own columns (_runtime, ...) are not metrics.
+        Format("wandb_csv", "W&B CSV export: history (_step column) or a line plot panel's (Step, <run> - <metric>)",
+               wandb_run.detect_csv, wandb_run.read_csv, run_name=wandb_run.csv_run_name),
         Format("csv", "CSV or TSV with a step column", table.detect_csv, table.read_csv),
         Format("parquet", "Parquet with a step column (needs pyarrow)", table.detect_parquet, table.read_parquet),
+        Format("wandb", "W&B offline or synced run directory, run-*.wandb (needs wandb)", wandb_run.detect_run,
+               wandb_run.read_run, run_name=wandb_run.run_name),
         # Before TensorBoard: an MLflow run may keep event files among its artifacts.
         Format("mlflow", "MLflow run: mlflow:<tracking-uri>#<run-id>, or a local mlruns folder (needs mlflow)",
                mlflow_run.detect, mlflow_run.read, uri_prefix=mlflow_run.URI_PREFIX, run_name=mlflow_run.run_name),

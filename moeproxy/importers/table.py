@@ -7,7 +7,7 @@ not logged; cells that are not numbers (a run name, a timestamp) are not metrics
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from moeproxy.importers.base import InvalidSource, Records, as_step
@@ -46,7 +46,9 @@ def detect_csv(path: Path, head: str | None) -> bool:
     return head is not None and path.suffix.lower() in (".csv", ".tsv")
 
 
-def read_csv(path: Path) -> Records:
+def read_csv(path: Path, metric_name: Callable[[str], str | None] | None = None) -> Records:
+    """Rows of a CSV; ``metric_name`` maps a column to the metric it holds, or None to leave it out
+    (a W&B export's own columns), and by default keeps every column under its header."""
     try:
         handle = path.open(newline="", encoding="utf-8")
     except OSError as exc:
@@ -58,6 +60,9 @@ def read_csv(path: Path) -> Records:
         if not header:
             raise InvalidSource(f"{path}: empty file (expected a header row)")
         step_index = header.index(step_column(header, path))
+        names = {i: metric_name(name) if metric_name else name for i, name in enumerate(header)
+                 if _is_metric_column(name, header[step_index])}
+        names = {i: name for i, name in names.items() if name}
         try:
             for row in reader:
                 if not row:
@@ -66,8 +71,7 @@ def read_csv(path: Path) -> Records:
                 if len(row) != len(header):
                     raise InvalidSource(f"{where}: {len(row)} cells, the header has {len(header)}")
                 step = as_step(row[step_index], where)
-                yield step, {name: v for i, name in enumerate(header)
-                             if _is_metric_column(name, header[step_index]) and (v := _number(row[i])) is not None}
+                yield step, {name: v for i, name in names.items() if (v := _number(row[i])) is not None}
         except csv.Error as exc:
             raise InvalidSource(f"{path}: line {reader.line_num}: {exc}") from None
 
@@ -84,12 +88,13 @@ def detect_parquet(path: Path, head: str | None) -> bool:
 
 def read_parquet(path: Path) -> Records:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise InvalidSource(f"{path}: reading Parquet needs the pyarrow package (pip install pyarrow)") from None
     try:
         table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds for a bad file
+    except (pa.ArrowException, OSError) as exc:  # ArrowInvalid for a bad file, ArrowIOError is an OSError
         raise InvalidSource(f"{path}: not a readable Parquet file ({exc})") from None
     step_name = step_column(table.column_names, path)
     steps = table.column(step_name).to_pylist()

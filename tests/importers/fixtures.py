@@ -83,3 +83,18 @@ def write_mlflow_run(tracking_uri: str, steps: list[tuple[int, dict]], *, run_na
         client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, step) for k, v in rest])
     client.set_terminated(run_id)
     return run_id
+
+
+def write_wandb_offline_run(root: Path, steps: list[tuple[int, dict]], *, name: str) -> Path:
+    """One run logged by the real wandb library in offline mode (nothing leaves the machine);
+    returns the run's directory (``<root>/wandb/offline-run-<date>-<id>``)."""
+    import wandb
+
+    settings = wandb.Settings(mode="offline", console="off", x_disable_stats=True, silent=True)
+    run = wandb.init(project="grpo", name=name, dir=str(root), settings=settings)
+    try:
+        for step, data in steps:
+            run.log(dict(data), step=step)
+    finally:
+        run.finish()
+    return Path(run.dir).parent

@@ -20,6 +20,7 @@ from tests.importers.fixtures import (
     write_mlflow_run,
     write_trainer_state,
     write_verl_file_logger,
+    write_wandb_offline_run,
 )
 
 
@@ -162,6 +163,58 @@ def test_mlflow_sources_refused_with_what_to_give(tmp_path, monkeypatch):
         read_source("mlflow:#abc")
 
 
+def test_wandb_offline_run_through_wandbs_reader(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    steps = [(step, {name: float(v) for name, v in data.items()}) for step, data in verl_steps(n_steps=30)]
+    steps[6][1]["actor/grad_norm"] = math.nan
+    steps[7][1]["actor/kl_loss"] = math.inf
+    logged = [(step, {**data, "rollout": {"mean_len": float(step)}, "note": "text", "ok": True})
+              for step, data in steps]
+    run_dir = write_wandb_offline_run(tmp_path, logged, name="verl-wb")
+    expected = {step: {**data, "rollout.mean_len": float(step)} for step, data in steps}
+    for source in (run_dir, next(run_dir.glob("run-*.wandb")), tmp_path / "wandb"):
+        run = read_source(source)
+        assert (run.format, run.framework, run.name) == ("wandb", "verl", "verl-wb")
+        got = _as_dict(run)
+        assert _nan_as_none(got) == _nan_as_none(expected)  # _step, _runtime, _timestamp are W&B's own
+        assert got[8]["actor/kl_loss"] == math.inf and math.isnan(got[7]["actor/grad_norm"])
+    write_wandb_offline_run(tmp_path, logged[:2], name="second")
+    with pytest.raises(InvalidSource, match=r"2 W&B runs"):
+        read_source(tmp_path / "wandb")
+    bad = tmp_path / "broken" / "run-x.wandb"
+    bad.parent.mkdir()
+    bad.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(InvalidSource, match=rf"{bad}: not a readable W&B run file"):
+        read_source(bad.parent)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # the light install
+    with pytest.raises(InvalidSource, match=r"needs the wandb package, which the \[dev\] extra brings"):
+        read_source(run_dir)
+
+
+def test_wandb_csv_exports(tmp_path):
+    pd = pytest.importorskip("pandas")
+    # The run history as W&B's exports lay it out (the export itself needs the W&B server).
+    history = pd.DataFrame({"_step": [0, 1, 2], "_runtime": [1.0, 2.0, 3.0], "_timestamp": [1.7e9] * 3,
+                            "train/reward": [0.1, None, 0.3], "train/kl": [0.0, 0.01, 0.02]})
+    history.to_csv(tmp_path / "history.csv", index=False)
+    run = read_source(tmp_path / "history.csv")
+    assert (run.format, run.framework, run.name) == ("wandb_csv", "openrlhf", "history")
+    assert _as_dict(run) == {0: {"train/reward": 0.1, "train/kl": 0.0}, 1: {"train/kl": 0.01},
+                             2: {"train/reward": 0.3, "train/kl": 0.02}}
+    panel = pd.DataFrame({"Step": [10, 20], "dapo-3 - actor/entropy": [1.2, 1.1],
+                          "dapo-3 - actor/entropy__MIN": [1.19, 1.05], "dapo-3 - actor/entropy__MAX": [1.3, 1.2]})
+    panel.to_csv(tmp_path / "wandb_export_2026-01-05.csv", index=False)
+    run = read_source(tmp_path / "wandb_export_2026-01-05.csv")
+    assert (run.format, run.name) == ("wandb_csv", "dapo-3")
+    assert _as_dict(run) == {10: {"actor/entropy": 1.2}, 20: {"actor/entropy": 1.1}}
+    panel["dapo-4 - actor/entropy"] = [1.0, 0.9]
+    panel["dapo-4 - actor/entropy__MIN"] = [1.0, 0.9]
+    panel.to_csv(tmp_path / "two.csv", index=False)
+    with pytest.raises(InvalidSource, match=r"two.csv: a panel export of 2 runs \(dapo-3, dapo-4\)"):
+        read_source(tmp_path / "two.csv")
+
+
 def test_detection_and_the_registry(tmp_path):
     (tmp_path / "own.jsonl").write_text(json.dumps({"step": 0, "values": {"kl": 0.1}}) + "\n")
     assert detect_format(tmp_path / "own.jsonl") is None  # the project's own format: triage reads it as before
@@ -170,7 +223,8 @@ def test_detection_and_the_registry(tmp_path):
         read_source(tmp_path / "notes.txt")
     with pytest.raises(InvalidSource, match="unknown format 'nope'"):
         read_source(tmp_path / "notes.txt", "nope")
-    assert set(FORMATS) >= {"trainer_state", "verl_file", "verl_console", "csv", "parquet", "tensorboard", "mlflow"}
+    assert set(FORMATS) >= {"trainer_state", "verl_file", "verl_console", "csv", "parquet", "tensorboard", "mlflow",
+                            "wandb", "wandb_csv"}
 
 
 @pytest.mark.parametrize(("names", "framework"), [
