@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fingerprints",
     "triage",
     "imports",
+    "tail",
     "consistency",
     "reproduce",
 )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moeproxy.importers import mlflow_run, table, tensorboard, trainer_state, verl, wandb_run
-from moeproxy.importers.base import InvalidSource, Records
+from moeproxy.importers.base import InvalidSource, Record, Records
 from moeproxy.importers.framework import detect_framework
 from moeproxy.integrations._common import numeric_metrics
 
@@ -43,6 +43,9 @@ class Format:
     uri_prefix: str | None = None
     #: The run's own name where the source holds one (an MLflow run's run_name); else from the path.
     run_name: Callable[[Source], str] | None = None
+    #: A format of one record a line: the line's record (None for a line that holds none), for
+    #: ``moeproxy tail``, which follows a growing file line by line.
+    parse_line: Callable[[str, str], Record | None] | None = None
 
 
 FORMATS: dict[str, Format] = {
@@ -51,9 +54,9 @@ FORMATS: dict[str, Format] = {
         Format("trainer_state", "transformers / TRL trainer_state.json (log_history)",
                trainer_state.detect, trainer_state.read),
         Format("verl_file", "verl file logger, JSON lines of {step, data}", verl.detect_file_logger,
-               verl.read_file_logger),
+               verl.read_file_logger, parse_line=verl.file_logger_line),
         Format("verl_console", "verl console log, step:N - key:value lines", verl.detect_console,
-               verl.read_console),
+               verl.read_console, parse_line=verl.console_line),
         # Before csv: a W&B export is a CSV whose own columns (_runtime, ...) are not metrics.
         Format("wandb_csv", "W&B CSV export: history (_step column) or a line plot panel's (Step, <run> - <metric>)",
                wandb_run.detect_csv, wandb_run.read_csv, run_name=wandb_run.csv_run_name),

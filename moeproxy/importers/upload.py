@@ -1,21 +1,29 @@
-"""Post an imported run to the service, resuming where an earlier import of it stopped.
+"""Post an imported run to the service, resuming where an earlier import of it stopped; and follow
+a growing log into the service (``moeproxy tail``).
 
 The run is found or created by name (``POST /api/v1/runs`` returns the existing run), the points it
 already holds are read back (``GET /api/v1/runs/{id}/metrics``), and only the missing ones go
 through :class:`moeproxy.client.MetricsClient`. Re-sending a point would be harmless (ingest is
-idempotent on run, metric and step) but skipping it makes a repeated import cost one read.
+idempotent on run, metric and step: the point is overwritten) but skipping it makes a repeated import
+cost one read. :func:`tail_run` skips the same way what the file held when it started, so a
+restarted tail sends only what the last one missed.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from moeproxy.client import MetricsClient
-from moeproxy.importers import ImportedRun
+from moeproxy.importers import ImportedRun, detect_framework
+from moeproxy.importers.base import Record
+from moeproxy.importers.follow import BadLine, LineParser, LogFollower
+from moeproxy.integrations._common import numeric_metrics
 
 
 class ImportFailed(RuntimeError):
@@ -98,3 +106,100 @@ def _verify(run: ImportedRun, run_id: int, *, url: str, headers: dict, name: str
     if lost:
         raise ImportFailed(f"run {name!r}: {lost} points did not reach {url}; run the same import again "
                            "to send them (points already stored are skipped)")
+
+
+@dataclass(frozen=True)
+class TailReport:
+    run_id: int
+    run_name: str
+    framework: str | None
+    points_sent: int
+    points_already_stored: int
+    steps_sent: int
+    #: Batches the service did not take before the stop, left in the client's spill file.
+    undelivered_path: Path | None
+
+
+class _LiveRun:
+    """The sending side of a tail: the MetricsClient, made when the first points arrive (their names
+    tell the framework), and the points the service held when the tail started."""
+
+    def __init__(self, *, url: str, token: str, name: str, framework: str | None, stored: set[tuple[str, int]]):
+        self.url, self.token, self.name, self.framework = url, token, name, framework
+        self.stored = stored
+        self.client: MetricsClient | None = None
+        self.sent = self.skipped = self.steps = 0
+
+    def send(self, records: list[Record]) -> tuple[int, int, int] | None:
+        """Queue the records' points not stored yet; (first step, last step, points) queued, or None."""
+        if records and self.framework is None:
+            self.framework = detect_framework(k for _, values in records for k in values)
+        batch = []
+        for step, values in records:
+            numbers = {k: float(v) for k, v in numeric_metrics(values).items()}
+            fresh = {k: v for k, v in numbers.items() if (k, step) not in self.stored}
+            self.skipped += len(numbers) - len(fresh)
+            if fresh:
+                batch.append((step, fresh))
+        if not batch:
+            return None
+        if self.client is None:
+            self.client = MetricsClient(self.url, self.token, self.name, framework=self.framework,
+                                        register_atexit=False)
+        for step, values in batch:
+            self.client.log(step, values)
+        points = sum(len(values) for _, values in batch)
+        self.sent += points
+        self.steps += len(batch)
+        return batch[0][0], batch[-1][0], points
+
+    def close(self) -> Path | None:
+        """Flush and stop; the spill file's path if batches are left in it."""
+        if self.client is None:
+            return None
+        self.client.close()
+        spill = self.client.spill_path
+        return spill if spill.exists() and spill.stat().st_size > 0 else None
+
+
+def tail_run(path: Path, parse_line: LineParser, *, url: str, token: str, run_name: str, stop: threading.Event,
+             framework: str | None = None, project: str | None = None, from_start: bool = False,
+             poll_s: float = 1.0, on_sent: Callable[[int, int, int], None] = lambda *_: None,
+             on_notice: Callable[[str], None] = lambda _: None) -> TailReport:
+    """Follow ``path`` into run ``run_name`` until ``stop`` is set, then send what is left and flush.
+
+    The points the run holds when the tail starts are skipped in what the file holds then (unless
+    ``from_start``: every line is sent again, overwriting); lines written later are all sent. A line
+    that does not parse stops the tail with :class:`BadLine` once the lines before it are flushed.
+    """
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60) as http:
+            run_id = _open_run(http, run_name, framework, project)
+            stored = set() if from_start else stored_points(http, run_id)
+    except httpx.HTTPError as exc:
+        raise ImportFailed(f"cannot reach {url}: {exc}") from None
+    live = _LiveRun(url=url, token=token, name=run_name, framework=framework, stored=stored)
+    follower = LogFollower(path, parse_line, on_notice)
+    undelivered = None
+    try:
+        while True:
+            stopping = stop.is_set()
+            try:
+                records = follower.finish() if stopping else follower.read_new()
+            except BadLine as exc:
+                live.send(exc.records)
+                raise
+            if (sent := live.send(records)) is not None:
+                on_sent(*sent)
+            if follower.is_open:
+                # What the file held at the start is compared with the service once; later lines are
+                # new (a rewritten step after a truncation overwrites what the service holds).
+                live.stored = set()
+            if stopping:
+                break
+            stop.wait(poll_s)
+    finally:
+        follower.close()
+        undelivered = live.close()
+    return TailReport(run_id, run_name, live.framework, live.sent, live.skipped, live.steps, undelivered)

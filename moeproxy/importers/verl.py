@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from moeproxy.importers.base import InvalidSource, Records, as_step, read_text
+from moeproxy.importers.base import InvalidSource, Record, Records, as_step, read_text
 
 _CONSOLE_STEP = re.compile(r"(?:^|\s)step:(\d+)((?: - [^\n]*)?)$")
 # pprint of a numpy scalar under numpy 2: np.float64(0.5), np.int64(3).
@@ -40,37 +40,49 @@ def detect_file_logger(path: Path, head: str | None) -> bool:
     return isinstance(first, Mapping) and set(first) == {"step", "data"} and isinstance(first["data"], Mapping)
 
 
+def file_logger_line(line: str, where: str) -> Record | None:
+    """One line of the file logger as a record; None for a blank line."""
+    if not line.strip():
+        return None
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InvalidSource(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(entry, Mapping) or "step" not in entry or not isinstance(entry.get("data"), Mapping):
+        raise InvalidSource(f"{where}: expected {{\"step\": N, \"data\": {{...}}}}")
+    return as_step(entry["step"], where), entry["data"]
+
+
 def read_file_logger(path: Path) -> Records:
-    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}: line {lineno}"
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidSource(f"{where}: not JSON ({exc.msg})") from None
-        if not isinstance(entry, Mapping) or "step" not in entry or not isinstance(entry.get("data"), Mapping):
-            raise InvalidSource(f"{where}: expected {{\"step\": N, \"data\": {{...}}}}")
-        yield as_step(entry["step"], where), entry["data"]
+    return _read_lines(path, file_logger_line)
 
 
 def detect_console(path: Path, head: str | None) -> bool:
     return head is not None and any(_CONSOLE_STEP.search(line) for line in head.splitlines())
 
 
+def console_line(line: str, where: str) -> Record | None:
+    """One console line as a record; None for the other output (Ray's, warnings)."""
+    match = _CONSOLE_STEP.search(line.rstrip())
+    if match is None:
+        return None
+    values = {}
+    for field in match.group(2).split(" - ")[1:]:
+        name, sep, raw = field.rpartition(":")
+        if not sep or not name:
+            raise InvalidSource(f"{where}: expected key:value, got {field!r}")
+        values[name] = _console_number(raw.strip(), f"{where}: {name}")
+    return as_step(match.group(1), where), values
+
+
 def read_console(path: Path) -> Records:
+    return _read_lines(path, console_line)
+
+
+def _read_lines(path: Path, parse_line: Callable[[str, str], Record | None]) -> Records:
     for lineno, line in enumerate(read_text(path).splitlines(), start=1):
-        match = _CONSOLE_STEP.search(line.rstrip())
-        if match is None:
-            continue
-        where = f"{path}: line {lineno}"
-        values = {}
-        for field in match.group(2).split(" - ")[1:]:
-            name, sep, raw = field.rpartition(":")
-            if not sep or not name:
-                raise InvalidSource(f"{where}: expected key:value, got {field!r}")
-            values[name] = _console_number(raw.strip(), f"{where}: {name}")
-        yield as_step(match.group(1), where), values
+        if (record := parse_line(line, f"{path}: line {lineno}")) is not None:
+            yield record
 
 
 def _console_number(raw: str, where: str) -> float:
