@@ -43,6 +43,23 @@ class Settings(BaseSettings):
     # A metrics body must arrive within this (a 64 MiB body at 10 Mbit/s takes ~54 s).
     body_read_timeout_s: float = Field(default=60.0, gt=0)
     data_dir: Path = Field(default_factory=default_data_dir)
+    # Reproduction jobs (issue 18).  Defaults of a job's spec, when a request or an automatic job
+    # leaves them out (lists as JSON in the environment: MOEPROXY_JOB_SEEDS='[0, 1]').
+    job_method: str = "three_view"
+    job_keep_ratio: float = Field(default=0.75, gt=0, le=1)
+    job_steps: int = Field(default=120, ge=8)  # a campaign runs at least 8 steps
+    job_seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    # A job is created automatically only for a run with at least this many steps.
+    job_min_steps: int = Field(default=30, ge=1)
+    # Queued plus running jobs per project; creating one more is refused (409) or skipped (automatic).
+    job_max_open_per_project: int = Field(default=2, ge=1)
+    # A worker's lease on its job; it heartbeats at a third of it.  A job whose lease expired this
+    # many times (its workers died) fails instead of being queued again.
+    job_lease_s: float = Field(default=60.0, gt=0)
+    job_max_attempts: int = Field(default=3, ge=1)
+    worker_poll_s: float = Field(default=5.0, gt=0)
+    # The Ray cluster the job executor runs reproductions on (None: the one Ray finds, or a local one).
+    ray_address: str | None = None
 
 
 @lru_cache(maxsize=1)

@@ -49,6 +49,7 @@ ROUTER_MODULES: tuple[str, ...] = (
     "moeproxy.service.aliases.router",
     "moeproxy.service.mlflow.router",
     "moeproxy.service.triage.router",
+    "moeproxy.service.jobs.router",
     "moeproxy.service.ui.router",
 )
 

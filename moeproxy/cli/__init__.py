@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "tail",
     "consistency",
     "reproduce",
+    "worker",
 )
 
 app = typer.Typer(

@@ -24,6 +24,7 @@ from moeproxy.service.errors import (
     DATABASE_UNAVAILABLE_DETAIL,
     ServiceError,
 )
+from moeproxy.service.jobs import auto as auto_jobs
 from moeproxy.service.limits import StoredText, data_error_message
 from moeproxy.service.mlflow import repository as repo
 from moeproxy.service.mlflow.errors import ERROR_CODE_BY_STATUS, MlflowApiError, not_found
@@ -178,9 +179,11 @@ def get_run(
 
 
 @router.post("/runs/update")
-def update_run(spec: UpdateRun, project: ProjectDep, session: SessionDep) -> dict:
+def update_run(spec: UpdateRun, request: Request, project: ProjectDep, session: SessionDep) -> dict:
     mrun, run = repo.get_run(session, project.id, spec.run_id)
+    previous_status = run.status
     repo.update_run(session, mrun, run, spec)
+    auto_jobs.after_status_change(session, run, previous_status, request.app.state.settings)
     experiment = repo.get_experiment_for(session, mrun)
     return {"run_info": repo.run_info_json(mrun, repo.external_id(experiment))}
 

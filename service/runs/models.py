@@ -5,7 +5,7 @@ from datetime import datetime
 from typing import Any
 
 from moeproxy.service.db import Base, UTCDateTime, utcnow
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 
@@ -28,6 +28,8 @@ class Run(Base):
     name: Mapped[str] = mapped_column(String(256))
     framework: Mapped[str | None] = mapped_column(String(64))
     model: Mapped[str | None] = mapped_column(String(256))
+    # A checkpoint path or URI the reproduction workers can read (issue 18): jobs need it.
+    model_uri: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.running.value)
     tags: Mapped[list[str]] = mapped_column(JSON, default=list)
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -48,7 +48,7 @@ def get_run_by_name(session: Session, project_id: int, name: str) -> Run | None:
 
 def get_or_create_run(session: Session, project_id: int, spec: RunCreate) -> tuple[Run, bool]:
     """``(run, created)``.  An existing run of that name resumes: it is marked running again and
-    fields it lacks (framework, model) are filled in; its config and tags are kept."""
+    fields it lacks (framework, model, model_uri) are filled in; its config and tags are kept."""
     run = get_run_by_name(session, project_id, spec.name)
     if run is None:
         candidate = Run(
@@ -56,6 +56,7 @@ def get_or_create_run(session: Session, project_id: int, spec: RunCreate) -> tup
             name=spec.name,
             framework=spec.framework,
             model=spec.model,
+            model_uri=spec.model_uri,
             tags=list(spec.tags),
             config=dict(spec.config),
             status=RunStatus.running.value,
@@ -72,6 +73,7 @@ def get_or_create_run(session: Session, project_id: int, spec: RunCreate) -> tup
         run.status = RunStatus.running.value
     run.framework = run.framework or spec.framework
     run.model = run.model or spec.model
+    run.model_uri = run.model_uri or spec.model_uri
     session.flush()
     return run, False
 

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from moeproxy.service.auth import ProjectDep, SessionDep
 from moeproxy.service.errors import API_ERRORS
+from moeproxy.service.jobs import auto as auto_jobs
 from moeproxy.service.limits import INT32_MAX
 from moeproxy.service.runs import repository
 from moeproxy.service.runs.schemas import RunCreate, RunList, RunOut, RunSummary, RunUpdate
@@ -42,9 +43,15 @@ def get_run(run_id: int, project: ProjectDep, session: SessionDep) -> RunOut:
 
 
 @router.patch("/{run_id}", response_model=RunOut)
-def update_run(run_id: int, patch: RunUpdate, project: ProjectDep, session: SessionDep) -> RunOut:
-    """Change a run's status (running/finished/failed/crashed), tags, config, framework or model."""
-    return RunOut.model_validate(repository.update_run(session, project.id, run_id, patch))
+def update_run(
+    run_id: int, patch: RunUpdate, request: Request, project: ProjectDep, session: SessionDep
+) -> RunOut:
+    """Change a run's status (running/finished/failed/crashed), tags, config, framework, model or
+    model_uri.  A run that ends weak gets a reproduction job (when it has a model_uri)."""
+    previous_status = repository.get_run(session, project.id, run_id).status
+    run = repository.update_run(session, project.id, run_id, patch)
+    auto_jobs.after_status_change(session, run, previous_status, request.app.state.settings)
+    return RunOut.model_validate(run)
 
 
 @router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT)

@@ -8,6 +8,14 @@ from moeproxy.service.runs.models import RunStatus
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Tag = Annotated[StoredText, Field(min_length=1, max_length=128)]
+ModelUri = Annotated[
+    StoredText,
+    Field(
+        min_length=1,
+        max_length=4096,
+        description="the checkpoint the reproduction workers read (a path or URI); jobs need it",
+    ),
+]
 
 
 def _strip_nonempty(value: str) -> str:
@@ -23,6 +31,7 @@ class RunCreate(BaseModel):
     name: StoredText = Field(min_length=1, max_length=256, description="unique within the project")
     framework: StoredText | None = Field(default=None, max_length=64, description="verl, trl, openrlhf, mindspeed_rl, ...")
     model: StoredText | None = Field(default=None, max_length=256)
+    model_uri: ModelUri | None = None
     tags: list[Tag] = Field(default_factory=list, max_length=64)
     config: SmallJson = Field(default_factory=dict, description="at most 256 KiB as JSON")
 
@@ -38,6 +47,7 @@ class RunUpdate(BaseModel):
     status: RunStatus | None = None
     framework: StoredText | None = Field(default=None, max_length=64)
     model: StoredText | None = Field(default=None, max_length=256)
+    model_uri: ModelUri | None = None
     tags: list[Tag] | None = Field(default=None, max_length=64)
     config: SmallJson | None = None
 
@@ -51,6 +61,7 @@ class RunSummary(BaseModel):
     name: str
     framework: str | None
     model: str | None
+    model_uri: str | None = None
     status: RunStatus
     tags: list[str]
     created_at: datetime

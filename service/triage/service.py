@@ -15,6 +15,7 @@ from moeproxy.service.alerts.channels import channel_urls
 from moeproxy.service.alerts.outbox import enqueue_due
 from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.db import utcnow
+from moeproxy.service.jobs import auto as auto_jobs
 from moeproxy.service.metrics import repository as metrics
 from moeproxy.service.runs.models import Run
 from moeproxy.service.tokens.models import Project
@@ -51,6 +52,12 @@ def load_input(session: Session, run: Run) -> EvaluationInput:
     )
 
 
+def distinct_steps(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> int:
+    if not series:
+        return 0
+    return int(np.unique(np.concatenate([steps for steps, _values in series.values()])).size)
+
+
 def compute(engine: SignatureEngine, data: EvaluationInput) -> TriageResponse:
     """The evaluation itself (no database); a run without metrics gets an empty ranking."""
     now = utcnow()
@@ -62,10 +69,12 @@ def compute(engine: SignatureEngine, data: EvaluationInput) -> TriageResponse:
 
 
 def save(session: Session, result: TriageResponse, data: EvaluationInput, settings: Any) -> int:
-    """Store the outcome (not for a run without metrics) and enqueue due alerts; returns alerts added."""
+    """Store the outcome (not for a run without metrics), create a reproduction job when the run
+    stays weak (:mod:`moeproxy.service.jobs.auto`) and enqueue due alerts; returns alerts added."""
     if not result.candidates:
         return 0
-    repository.store(session, result)
+    row = repository.store(session, result)
+    auto_jobs.after_evaluation(session, row, steps=distinct_steps(data.series), settings=settings)
     result.history = repository.history(session, result.run_id)
     channels = list(channel_urls(settings))
     if not channels:

@@ -17,9 +17,12 @@ SECRET = "owner-secret"  # every name the owner stores contains it; no foreign a
 
 @pytest.fixture
 def owner(client, auth):
-    """The owner's data in every store: a REST run with metrics, an alias, an MLflow experiment and run."""
+    """The owner's data in every store: a REST run with metrics and a job, an alias, an MLflow experiment and run."""
     h = auth("owner")
-    run = client.post("/api/v1/runs", json={"name": f"{SECRET}-run", "config": {"k": SECRET}}, headers=h).json()
+    run = client.post(
+        "/api/v1/runs", json={"name": f"{SECRET}-run", "config": {"k": SECRET}, "model_uri": f"/{SECRET}/model"}, headers=h
+    ).json()
+    job = client.post("/api/v1/jobs", json={"run_id": run["id"]}, headers=h).json()
     steps = [{"step": s, "values": {f"{SECRET}/loss": 1.0 / (s + 1)}} for s in range(5)]
     assert client.post(f"/api/v1/runs/{run['id']}/metrics", json={"steps": steps}, headers=h).status_code == 200
     alias = {"framework": "verl", "name": f"{SECRET}/alias", "canonical": "loss"}
@@ -32,7 +35,7 @@ def owner(client, auth):
     ).json()
     run_uuid = created["run"]["info"]["run_id"]
     client.post(f"{MLFLOW}/runs/log-metric", json={"run_id": run_uuid, "key": f"{SECRET}_m", "value": 1.0, "step": 0}, headers=h)
-    return {"run_id": run["id"], "experiment_id": experiment["experiment_id"], "run_uuid": run_uuid, "headers": h}
+    return {"run_id": run["id"], "job_id": job["id"], "experiment_id": experiment["experiment_id"], "run_uuid": run_uuid, "headers": h}
 
 
 def _matrix(o: dict) -> dict[tuple[str, str], dict]:
@@ -58,6 +61,10 @@ def _matrix(o: dict) -> dict[tuple[str, str], dict]:
         ("GET", "/api/v1/runs/{run_id}/triage"): {"url": f"{run}/triage", "expect": "absent"},
         ("POST", "/api/v1/runs/{run_id}/triage"): {"url": f"{run}/triage", "expect": "absent"},
         ("GET", "/api/v1/runs/{run_id}/triage/history"): {"url": f"{run}/triage/history", "expect": "absent"},
+        ("POST", "/api/v1/jobs"): {"url": "/api/v1/jobs", "json": {"run_id": rid}, "expect": "absent"},
+        ("GET", "/api/v1/jobs"): {"url": "/api/v1/jobs", "expect": "listing"},
+        ("GET", "/api/v1/jobs/{job_id}"): {"url": f"/api/v1/jobs/{o['job_id']}", "expect": "absent"},
+        ("POST", "/api/v1/jobs/{job_id}/cancel"): {"url": f"/api/v1/jobs/{o['job_id']}/cancel", "expect": "absent"},
         ("GET", "/api/v1/aliases"): {"url": "/api/v1/aliases", "expect": "listing"},
         ("POST", "/api/v1/aliases"): {
             "url": "/api/v1/aliases", "json": {"framework": "verl", "name": "intruder/a", "canonical": "loss"},
@@ -141,6 +148,8 @@ def test_a_foreign_project_sees_and_changes_nothing_of_the_owner(client, auth, m
     h = owner["headers"]
     run = client.get(f"/api/v1/runs/{owner['run_id']}", headers=h).json()
     assert run["status"] == "running" and run["config"] == {"k": SECRET}
+    jobs = client.get("/api/v1/jobs", headers=h).json()["jobs"]
+    assert [(j["id"], j["state"], j["cancel_requested"]) for j in jobs] == [(owner["job_id"], "queued", False)]
     series = client.get(f"/api/v1/runs/{owner['run_id']}/metrics", headers=h).json()["metrics"]
     assert list(series) == [f"{SECRET}/loss"] and series[f"{SECRET}/loss"]["steps"] == [0, 1, 2, 3, 4]
     mlflow_run = client.get(f"{MLFLOW}/runs/get?run_id={owner['run_uuid']}", headers=h).json()["run"]
