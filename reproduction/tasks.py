@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import count
 from typing import Literal
 
 #: The end-of-answer marker; it is the tokenizer's eos token.
@@ -238,6 +239,23 @@ def format_text(example: Example) -> str:
 def calibration_corpus(n_texts: int, seed: int = 0, tasks: Sequence[str] | None = None) -> list[str]:
     """Full prompt+answer texts from the calibration split, for the proxy builder's statistics."""
     return [format_text(ex) for ex in make_split("calibration", n_texts, seed=seed, tasks=tasks)]
+
+
+def synthetic_calibration_source(arg: str) -> Iterator[str]:
+    """The proxy builder's ``synthetic:`` calibration source: ``synthetic:tasks`` (every task
+    family) or ``synthetic:addition,sorting``, calibration-split texts, as many as the builder asks for."""
+    tasks = None if arg in ("", "tasks", "all") else [t.strip() for t in arg.split(",") if t.strip()]
+    for seed in count():
+        yield from calibration_corpus(512, seed=seed, tasks=tasks)
+
+
+def register_synthetic_calibration() -> None:
+    """Make ``synthetic:`` known to the proxy builder (which cannot import this stage itself):
+    every caller that builds proxies on the task suite calls this first (the CLI, the loop)."""
+    from moeproxy.proxy_builder.calibration import CALIBRATION_SOURCES, register_calibration_source
+
+    if "synthetic" not in CALIBRATION_SOURCES:
+        register_calibration_source("synthetic", synthetic_calibration_source)
 
 
 def extract_answer(completion: str) -> str:

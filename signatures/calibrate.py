@@ -152,11 +152,16 @@ def _calibration_from_scores(scores: CalibrationScores, method: str, *, n_heldou
 
 
 def cross_validated_calibration(trace_sets, *, signature_params=None,
-                                views: Mapping[str, Collection[str] | None] = VIEWS) -> tuple[Calibration, dict]:
+                                views: Mapping[str, Collection[str] | None] = VIEWS,
+                                base: FingerprintLibrary | None = None) -> tuple[Calibration, dict]:
     """Calibrate without extra runs: leave one library seed out at a time, build the fingerprints
     from the other seeds, and score the left-out seed's runs (positives: own class; negatives: best
     score with the class left out, best fault score on the left-out healthy twin). Fingerprints
-    from fewer seeds match a little worse, so the threshold comes out conservative."""
+    from fewer seeds match a little worse, so the threshold comes out conservative.
+
+    ``base``: the library the trace sets' fingerprints will be layered over
+    (``FingerprintLibrary.layered``); each fold then scores against the base plus the fold's
+    fingerprints, so the threshold is the combination's."""
     from moeproxy.signatures.build import fingerprint_from_trace_set
     from moeproxy.signatures.features import DEFAULT_PARAMS
 
@@ -181,7 +186,9 @@ def cross_validated_calibration(trace_sets, *, signature_params=None,
         healthy_twin = next((ts.healthy_runs[held] for ts in trace_sets if held in ts.healthy_runs), None)
         if healthy_twin is not None and not any(r.fault_class == "healthy" for r in runs):
             runs.append(LabelledRun("healthy", healthy_twin))
-        fold_library = FingerprintLibrary(tuple(fps), params)
+        ids = {f.id for f in fps}
+        under = tuple(f for f in base.fingerprints if f.id not in ids) if base is not None else ()
+        fold_library = FingerprintLibrary(under + tuple(fps), params)
         fold = calibration_scores(fold_library, runs)
         pos += fold.positives
         neg += fold.negatives

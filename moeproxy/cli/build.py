@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
-from itertools import count
 from pathlib import Path
 
 import typer
@@ -23,20 +21,10 @@ _HELP = (
 )
 
 
-def _synthetic_source(arg: str) -> Iterator[str]:
-    """``synthetic:tasks`` (all task families) or ``synthetic:addition,sorting``: calibration-split texts."""
-    from moeproxy.reproduction.tasks import calibration_corpus
-
-    tasks = None if arg in ("", "tasks", "all") else [t.strip() for t in arg.split(",") if t.strip()]
-    for seed in count():
-        yield from calibration_corpus(512, seed=seed, tasks=tasks)
-
-
 def _register_lazy_sources() -> None:
-    from moeproxy.proxy_builder.calibration import CALIBRATION_SOURCES, register_calibration_source
+    from moeproxy.reproduction.tasks import register_synthetic_calibration
 
-    if "synthetic" not in CALIBRATION_SOURCES:
-        register_calibration_source("synthetic", _synthetic_source)
+    register_synthetic_calibration()
 
 
 def build(
