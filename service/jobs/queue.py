@@ -32,7 +32,7 @@ from moeproxy.service.jobs.models import JobState, ReproductionJob
 from moeproxy.service.jobs.spec import JobOutcome, JobSpec
 from moeproxy.service.runs.models import Run
 from moeproxy.service.tokens.models import Project
-from sqlalchemy import ColumnElement, and_, select, update
+from sqlalchemy import ColumnElement, and_, case, select, update
 from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
@@ -208,14 +208,18 @@ def _finish(session: Session, lease: Lease, what: str, now: datetime | None, **v
 def complete(session: Session, lease: Lease, outcome: JobOutcome, *, now: datetime | None = None) -> str | None:
     """Record the executor's outcome: ``succeeded``, or ``cancelled`` when a cancel was requested
     meanwhile (the result is kept).  Returns the state written, None when refused."""
-    cancel = session.scalar(select(ReproductionJob.cancel_requested_at).where(ReproductionJob.id == lease.job_id))
-    state = JobState.cancelled if cancel is not None else JobState.succeeded
-    values: dict[str, Any] = {"state": state.value, "result": dict(outcome.result)}
+    # Decided inside the UPDATE: a cancel asked between a read and the write cannot be missed.
+    state = case(
+        (ReproductionJob.cancel_requested_at.is_(None), JobState.succeeded.value), else_=JobState.cancelled.value
+    )
+    values: dict[str, Any] = {"state": state, "result": dict(outcome.result)}
     if outcome.device_hours is not None:
         values["device_hours"] = outcome.device_hours
     if outcome.planner_estimate is not None:
         values["planner_estimate"] = dict(outcome.planner_estimate)
-    return state.value if _finish(session, lease, "completion", now, **values) else None
+    if not _finish(session, lease, "completion", now, **values):
+        return None
+    return session.scalar(select(ReproductionJob.state).where(ReproductionJob.id == lease.job_id))
 
 
 def fail(session: Session, lease: Lease, error: str, *, now: datetime | None = None) -> bool:

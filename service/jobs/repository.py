@@ -18,6 +18,7 @@ from moeproxy.service.jobs.errors import (
 )
 from moeproxy.service.jobs.models import OPEN_STATES, JobState, JobTrigger, ReproductionJob
 from moeproxy.service.limits import fits_id
+from moeproxy.service.runs.models import Run
 from moeproxy.service.runs.repository import get_run
 from moeproxy.service.tokens.models import Project
 from sqlalchemy import func, select
@@ -92,13 +93,16 @@ def create_job(session: Session, project_id: int, request: JobRequest, settings:
 
     Refused (409) when the run has no model_uri, when a job for this run and model is open, or when
     the project already has ``settings.job_max_open_per_project`` open jobs.  The project's row is
-    locked first so that two creations in one project count one after the other (PostgreSQL; a
-    SQLite write transaction holds the database already); the partial unique index catches two
-    creations for one run that still meet.
+    locked so that two creations in one project count one after the other (PostgreSQL; a SQLite
+    write transaction holds the database already); the partial unique index catches two creations
+    for one run that still meet.  The run's row is locked before it, the order in which an
+    evaluation that creates a job takes them (``triage.repository.store`` locks the run first):
+    the other order could deadlock with it.
     """
     run = get_run(session, project_id, request.run_id)
     if not run.model_uri:
         raise NoModelUri(run.id)
+    session.execute(select(Run.id).where(Run.id == run.id).with_for_update())
     session.execute(select(Project.id).where(Project.id == project_id).with_for_update())
     existing = open_job_for(session, run.id, run.model_uri)
     if existing is not None:
@@ -160,8 +164,9 @@ def list_jobs(
 
 def request_cancel(session: Session, project_id: int, job_id: int) -> ReproductionJob:
     """A queued job is cancelled at once; a running one is marked, and its worker stops it at its next
-    heartbeat; a finished one cannot be cancelled (409).  The row is locked, so a worker claiming it
-    at the same moment either claims it first (then it is running here) or skips it."""
+    heartbeat (one whose lease has expired, its worker gone, is cancelled at once); a finished one
+    cannot be cancelled (409).  The row is locked, so a worker claiming it at the same moment either
+    claims it first (then it is running here) or skips it."""
     get_job(session, project_id, job_id)
     job = session.scalar(
         select(ReproductionJob).where(ReproductionJob.id == job_id).with_for_update().execution_options(
@@ -175,6 +180,10 @@ def request_cancel(session: Session, project_id: int, job_id: int) -> Reproducti
         job.state, job.finished_at, job.cancel_requested_at = JobState.cancelled.value, now, now
     elif job.state == JobState.running.value:
         job.cancel_requested_at = job.cancel_requested_at or now
+        if job.lease_expires_at is not None and job.lease_expires_at < now:
+            job.state, job.finished_at = JobState.cancelled.value, now
+            job.error = f"cancelled; its worker {job.worker_id} had stopped heartbeating"
+            job.worker_id = job.lease_expires_at = None
     else:
         raise JobFinished(job.id, job.state)
     session.flush()

@@ -176,8 +176,8 @@ class Worker:
     # -- stopping ------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop after the current step: idle, at once; in a job, the executor is interrupted
-        (on the worker's own thread only: see :meth:`install_signal_handlers`)."""
+        """Stop once the current job has ended (an idle worker at once).  Signals stop sooner: see
+        :meth:`install_signal_handlers`."""
         self._stop.set()
 
     @property

@@ -208,6 +208,36 @@ def test_cancel_queued_running_and_finished(client, auth, database):
     assert after["state"] == "cancelled" and after["worker_id"] is None
 
 
+def test_a_job_cancelled_while_it_ran_ends_cancelled_with_its_result(client, auth, database):
+    from moeproxy.service.jobs import queue
+    from moeproxy.service.jobs.spec import JobOutcome
+
+    h = auth()
+    job = client.post("/api/v1/jobs", json={"run_id": _run(client, h)["id"]}, headers=h).json()
+    with database.scope() as s:
+        lease, _spec = queue.claim(s, "w1", 60, max_attempts=3)
+    client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=h)
+    with database.scope() as s:  # the executor finished without looking
+        assert queue.complete(s, lease, JobOutcome(result={"library_version": 2})) == "cancelled"
+    after = client.get(f"/api/v1/jobs/{job['id']}", headers=h).json()
+    assert after["state"] == "cancelled" and after["result"] == {"library_version": 2}
+
+
+def test_cancelling_a_job_whose_worker_is_gone_cancels_it_at_once(client, auth, database):
+    from datetime import timedelta
+
+    from moeproxy.service.db import utcnow
+    from moeproxy.service.jobs import queue
+
+    h = auth()
+    job = client.post("/api/v1/jobs", json={"run_id": _run(client, h)["id"]}, headers=h).json()
+    with database.scope() as s:
+        queue.claim(s, "gone", 5, max_attempts=3, now=utcnow() - timedelta(seconds=60))
+    response = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=h).json()
+    assert response["state"] == "cancelled" and response["worker_id"] is None
+    assert "worker gone had stopped heartbeating" in response["error"]
+
+
 def test_openapi_documents_the_jobs_api(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/cancel"} <= set(paths)

@@ -343,3 +343,44 @@ def test_the_worker_command(url, tmp_path):
     assert "worker cli-worker stopped after 0 jobs" in idle.stdout
     empty = run(["worker", "--once"], f"sqlite:///{tmp_path / 'empty.db'}")
     assert empty.returncode == 2 and "run `moeproxy db upgrade` first" in empty.stderr
+
+
+@pytest.mark.parametrize("same_run", [False, True], ids=["runs-of-one-project", "one-run"])
+def test_concurrent_creations_keep_the_cap_and_one_open_job_per_run(db, same_run):
+    """Eight creations at once, each on its own engine: the project's cap (2) and the one open job
+    per run and model hold however they interleave."""
+    from moeproxy.service.jobs.errors import JobConflict
+
+    with db.scope() as s:
+        project = tokens.get_or_create_project(s, "racing")
+        runs = [Run(project_id=project.id, name=f"race-{i}", model_uri="/models/m") for i in range(8)]
+        s.add_all(runs)
+        s.flush()
+        project_id, run_ids = project.id, [r.id for r in runs]
+    settings = Settings(database_url=db.url)  # the default cap of 2
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def create(run_id: int) -> None:
+        engine = Database(db.url)
+        try:
+            barrier.wait(30)
+            with engine.scope() as s:
+                repository.create_job(s, project_id, repository.JobRequest(run_id=run_id), settings)
+            outcomes.append("created")
+        except JobConflict as exc:
+            outcomes.append(type(exc).__name__)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=create, args=(run_ids[0] if same_run else r,)) for r in run_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(outcomes) == 8
+    created = 1 if same_run else 2
+    assert outcomes.count("created") == created
+    assert set(outcomes) - {"created"} == {"OpenJobExists" if same_run else "OpenJobCapReached"}
+    with db.scope() as s:
+        assert repository.open_jobs_in_project(s, project_id) == created
