@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     job_method: str = "three_view"
     job_keep_ratio: float = Field(default=0.75, gt=0, le=1)
     job_steps: int = Field(default=120, ge=8)  # a campaign runs at least 8 steps
-    job_seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    job_seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=2)  # calibrated leave-one-seed-out
     # A job is created automatically only for a run with at least this many steps.
     job_min_steps: int = Field(default=30, ge=1)
     # Queued plus running jobs per project; creating one more is refused (409) or skipped (automatic).

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from moeproxy.proxy_builder.methods import METHODS
 from moeproxy.reproduction.catalogue import FAULT_CLASSES
 from moeproxy.service.jobs.models import JobState
+from moeproxy.service.jobs.repository import REFERENCE_CLASS
 from moeproxy.service.limits import INT32_MAX
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -28,7 +29,8 @@ class JobCreate(BaseModel):
         description="fault classes to reproduce (the catalogue's names); default: every fault class",
     )
     steps: int | None = Field(default=None, ge=8, le=100_000, description="RL steps per reproduction")
-    seeds: list[Seed] | None = Field(default=None, min_length=1, max_length=64)
+    # Two at least: a job's fingerprints are calibrated leaving one seed out.
+    seeds: list[Seed] | None = Field(default=None, min_length=2, max_length=64)
     keep_ratio: float | None = Field(default=None, gt=0, le=1, description="fraction of routed experts kept")
     method: str | None = Field(default=None, description="proxy construction method (proxy_builder's names)")
 
@@ -37,15 +39,22 @@ class JobCreate(BaseModel):
     def _known_classes(cls, value: list[str] | None) -> list[str] | None:
         if value is None:
             return None
+        faults = [c for c in FAULT_CLASSES if c != REFERENCE_CLASS]
+        if REFERENCE_CLASS in value:
+            raise ValueError(f"{REFERENCE_CLASS!r} is reproduced as every fault's twin, not as a candidate: list fault classes")
         unknown = [c for c in value if c not in FAULT_CLASSES]
         if unknown:
-            raise ValueError(f"unknown fault classes {', '.join(map(repr, unknown))}; known: {', '.join(FAULT_CLASSES)}")
+            raise ValueError(f"unknown fault classes {', '.join(map(repr, unknown))}; known: {', '.join(faults)}")
         return list(dict.fromkeys(value))  # order kept, repeats dropped
 
     @field_validator("seeds")
     @classmethod
     def _distinct_seeds(cls, value: list[int] | None) -> list[int] | None:
-        return None if value is None else list(dict.fromkeys(value))
+        if value is None:
+            return None
+        if len(set(value)) < 2:
+            raise ValueError("at least two different seeds: a job's fingerprints are calibrated leaving one seed out")
+        return list(dict.fromkeys(value))
 
     @field_validator("method")
     @classmethod
