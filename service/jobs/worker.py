@@ -29,6 +29,8 @@ from moeproxy.service.db import Database
 from moeproxy.service.jobs import queue
 from moeproxy.service.jobs.spec import JobCancelled, JobOutcome, JobSpec, LeaseLost
 
+from moeproxy.extras import from_import_error
+
 log = logging.getLogger(__name__)
 
 EXECUTOR_MODULE = "moeproxy.service.jobs.executor"
@@ -276,6 +278,9 @@ def _describe(exc: BaseException) -> str:
     head = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, ExecutorUnavailable):
         return head
+    missing = from_import_error(exc, "worker") if isinstance(exc, ModuleNotFoundError) else None
+    if missing is not None:  # torch or ray not installed where the worker runs: say which extra
+        head = f"{type(missing).__name__}: {missing}"
     return head + "\n\n" + "".join(traceback.format_exception(exc)).rstrip()
 
 

@@ -286,6 +286,17 @@ def test_a_missing_executor_fails_the_job_clearly(db, monkeypatch):
     )
 
 
+def test_an_executor_without_its_extra_names_the_extra(db):
+    [job_id] = queue_jobs(db, 1)
+
+    def needs_torch(job, ctx):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    run_worker(db, executor=needs_torch, worker_id="w", once=True, settings=settings_for(db.url))
+    error = job_row(db, job_id).error
+    assert error.startswith("MissingExtra: `moeproxy worker` needs the [ml] extra (torch is not installed)")
+
+
 @pytest.mark.parametrize("style", ["heartbeat", "flag"])
 def test_a_cancelled_running_job_stops(db, api, style):
     """``heartbeat``: the executor heartbeats and gets JobCancelled; ``flag``: it only watches
