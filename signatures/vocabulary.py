@@ -8,8 +8,10 @@ verl production run speak the same language without any mapping.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +201,36 @@ VIEWS: dict[str, frozenset[str] | None] = {
 
 REWARD_COMPONENT_PREFIX = "rewards/"
 REWARD_COMPONENT_SUFFIX = "/mean"
+
+
+# transformers' TensorBoard, W&B and MLflow callbacks log training values under ``train/``
+# (``transformers.integrations.rewrite_logs``), so a TRL run read from those stores says
+# ``train/completions/mean_length``.
+TRANSFORMERS_PREFIX = "train/"
+
+
+@lru_cache(maxsize=1)
+def distinctive_names() -> dict[str, str]:
+    """Logged name -> the one framework that logs it (from the alias table). Only namespaced names
+    (``critic/score/mean``, ``completions/mean_length``, ``train/kl``) count: bare ones (``loss``,
+    ``kl``, ``reward``) are what any training loop logs."""
+    frameworks: dict[str, set[str]] = defaultdict(set)
+    for alias in DEFAULT_ALIASES:
+        if alias.framework != "*" and "/" in alias.name:
+            frameworks[alias.name].add(alias.framework)
+    return {name: next(iter(fws)) for name, fws in frameworks.items() if len(fws) == 1}
+
+
+def detect_framework(names: Iterable[str]) -> str | None:
+    """The framework whose distinctive names a run logs, or None when there are none or several
+    (an importer's file, a run arriving through ``/mlflow`` without a framework tag)."""
+    table = distinctive_names()
+    found = set()
+    for name in names:
+        for candidate in (name, name.removeprefix(TRANSFORMERS_PREFIX)):
+            if candidate in table:
+                found.add(table[candidate])
+    return found.pop() if len(found) == 1 else None
 
 
 def alias_index(aliases: Iterable[MetricAlias], framework: str | None = None) -> dict[str, str]:

@@ -12,13 +12,22 @@ from moeproxy.service.limits import fits_id
 from moeproxy.service.metrics import repository as metrics
 from moeproxy.service.metrics.codec import ParsedBatch, encode_value
 from moeproxy.service.metrics.models import MetricName, MetricPoint
+from moeproxy.service.mlflow import search
 from moeproxy.service.mlflow.errors import already_exists, invalid, not_found
 from moeproxy.service.mlflow.models import MlflowExperiment, MlflowRun
-from moeproxy.service.mlflow.schemas import CreateExperiment, CreateRun, KeyValue, Metric, UpdateRun
+from moeproxy.service.mlflow.schemas import (
+    CreateExperiment,
+    CreateRun,
+    KeyValue,
+    Metric,
+    SearchRuns,
+    UpdateRun,
+)
 from moeproxy.service.runs import repository as runs
 from moeproxy.service.runs.models import Run, RunStatus
 from moeproxy.service.runs.schemas import RunCreate, RunUpdate
 from moeproxy.signatures.values import parse_nonfinite
+from moeproxy.signatures.vocabulary import detect_framework
 from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -235,6 +244,11 @@ def log_metrics(session: Session, mrun: MlflowRun, run: Run, items: Iterable[Met
         names[metric.key] = None
     if not by_step:
         return 0
+    if run.framework is None:
+        # No moeproxy.framework tag: a TRL run with report_to=["mlflow"] says nothing of its
+        # framework, but its metric names do (only TRL logs completions/mean_length). The first
+        # batch with distinctive names decides; a tag set later still wins.
+        run.framework = detect_framework(names)
     batch = ParsedBatch(by_step=by_step, names=tuple(names), points=sum(map(len, by_step.values())))
     return metrics.ingest(session, run, batch)
 
@@ -346,3 +360,26 @@ def run_json(session: Session, mrun: MlflowRun, *, with_metrics: bool = True) ->
 
 def get_experiment_for(session: Session, mrun: MlflowRun) -> MlflowExperiment:
     return session.get(MlflowExperiment, mrun.experiment_id)
+
+
+LIFECYCLE_BY_VIEW = {"ACTIVE_ONLY": ("active",), "DELETED_ONLY": ("deleted",), "ALL": ("active", "deleted")}
+
+
+def search_runs(session: Session, project_id: int, spec: SearchRuns) -> tuple[list[MlflowRun], str | None]:
+    """The project's runs of ``spec.experiment_ids`` that match the filter, ordered, one page of
+    ``max_results`` from ``page_token`` (an offset) on; the next page's token or None."""
+    ids = [get_experiment(session, project_id, e).id for e in spec.experiment_ids] or [
+        default_experiment(session, project_id).id]
+    rows = list(session.scalars(
+        select(MlflowRun).where(MlflowRun.experiment_id.in_(ids),
+                                MlflowRun.lifecycle_stage.in_(LIFECYCLE_BY_VIEW[spec.run_view_type]))))
+    hits = search.search(rows, spec.filter, spec.order_by)
+    try:
+        start = int(spec.page_token or 0)
+    except ValueError:
+        raise invalid(f"page_token {spec.page_token!r} is not a token this server gave") from None
+    if start < 0:
+        raise invalid(f"page_token {spec.page_token!r} is not a token this server gave")
+    page = hits[start:start + spec.max_results]
+    more = start + spec.max_results < len(hits)
+    return page, str(start + spec.max_results) if more else None

@@ -3,7 +3,8 @@
 Checked against the real MLflow client: ``set_experiment`` calls experiments/get-by-name,
 experiments/create and experiments/get; ``start_run`` runs/create; ``log_param(s)``
 runs/log-parameter and runs/log-batch; ``log_metric(s)`` runs/log-metric and runs/log-batch;
-``set_tag`` runs/set-tag; ``end_run`` runs/get and runs/update.
+``set_tag`` runs/set-tag; ``end_run`` runs/get and runs/update; ``search_runs`` runs/search (the
+filter grammar of :mod:`.search`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from moeproxy.service.mlflow.schemas import (
     LogMetric,
     LogParam,
     RunUuid,
+    SearchRuns,
     SetTag,
     UpdateRun,
 )
@@ -176,6 +178,15 @@ def get_run(
 ) -> dict:
     mrun, _run = repo.get_run(session, project.id, run_id or run_uuid or "")
     return {"run": repo.run_json(session, mrun)}
+
+
+@router.post("/runs/search")
+def search_runs(spec: SearchRuns, project: ProjectDep, session: SessionDep) -> dict:
+    page, token = repo.search_runs(session, project.id, spec)
+    out: dict = {"runs": [repo.run_json(session, mrun) for mrun in page]}
+    if token is not None:
+        out["next_page_token"] = token
+    return out
 
 
 @router.post("/runs/update")

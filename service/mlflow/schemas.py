@@ -6,7 +6,7 @@ the deprecated ``run_uuid``.  Unknown fields are ignored, as MLflow's server doe
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from moeproxy.service.limits import INT64_MAX, INT64_MIN, StoredText
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -92,3 +92,12 @@ class LogBatch(_RunRef):
     metrics: list[Metric] = Field(default_factory=list, max_length=1000)
     params: list[KeyValue] = Field(default_factory=list, max_length=100)
     tags: list[KeyValue] = Field(default_factory=list, max_length=100)
+
+
+class SearchRuns(_Body):
+    experiment_ids: list[StoredText] = Field(default_factory=list, max_length=100)
+    filter: StoredText = Field(default="", max_length=4096)
+    run_view_type: Literal["ACTIVE_ONLY", "DELETED_ONLY", "ALL"] = "ACTIVE_ONLY"
+    max_results: int = Field(default=1000, ge=1, le=50000)
+    order_by: list[StoredText] = Field(default_factory=list, max_length=10)
+    page_token: StoredText | None = Field(default=None, max_length=64)

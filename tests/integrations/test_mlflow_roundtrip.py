@@ -98,3 +98,52 @@ def test_errors_are_mlflow_shaped(tracking, monkeypatch):
         client.get_experiment_by_name("dup")
     response = httpx.post(f"{tracking.url}/mlflow/api/2.0/mlflow/runs/create", json={"experiment_id": "0"})
     assert response.status_code == 401 and response.json()["error_code"] == "UNAUTHENTICATED"
+
+
+def test_a_notebook_logs_a_batch_and_searches_its_runs(tracking):
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.tracking.MlflowClient()
+    exp = client.create_experiment("sweep")
+    ids = []
+    for i, (phase, status) in enumerate((("rl", "FINISHED"), ("rl", "FAILED"), ("sft", "FINISHED"))):
+        run = client.create_run(exp, run_name=f"lr-{i}", tags={"phase": phase})
+        client.log_batch(run.info.run_id, metrics=[Metric("actor/ppo_kl", 0.001 * (i + 1), 0, s) for s in range(3)],
+                         params=[Param("lr", f"{i}e-6")], tags=[RunTag("seed", str(i))])
+        client.set_terminated(run.info.run_id, status)
+        ids.append(run.info.run_id)
+
+    found = client.search_runs([exp], "tags.phase = 'rl' and attributes.status = 'FINISHED'")
+    assert [r.info.run_id for r in found] == [ids[0]]
+    assert found[0].data.params == {"lr": "0e-6"} and found[0].data.tags["seed"] == "0"
+    assert found[0].data.metrics["actor/ppo_kl"] == pytest.approx(0.001)
+    assert [r.info.run_name for r in client.search_runs([exp], "params.lr LIKE '%e-6'",
+                                                        order_by=["attributes.run_name DESC"])] == [
+        "lr-2", "lr-1", "lr-0"]
+    # Paged as MLflow pages: a token for the next page, none after the last.
+    first = client.search_runs([exp], max_results=2, order_by=["start_time ASC"])
+    assert len(first) == 2 and first.token
+    rest = client.search_runs([exp], max_results=2, order_by=["start_time ASC"], page_token=first.token)
+    assert [r.info.run_id for r in [*first, *rest]] == ids and not rest.token
+    # The fluent call a notebook makes: a DataFrame, one row per run.
+    frame = mlflow.search_runs(experiment_names=["sweep"], filter_string="tags.phase = 'sft'")
+    assert list(frame["run_id"]) == [ids[2]] and frame["params.lr"][0] == "2e-6"
+    # What it cannot answer it refuses, naming it, rather than ignoring the filter.
+    with pytest.raises(MlflowException, match="metrics are not searchable"):
+        client.search_runs([exp], "metrics.loss > 1")
+    with pytest.raises(MlflowException, match="order by"):
+        client.search_runs([exp], order_by=["metrics.loss DESC"])
+
+
+def test_a_run_without_a_framework_tag_takes_the_framework_its_names_show(tracking):
+    # What transformers' MLflowCallback sends for a TRL run: TRL's own names, no moeproxy tag.
+    with mlflow.start_run(run_name="trl-grpo"):
+        mlflow.log_metrics({"completions/mean_length": 120.0, "reward": 0.4, "kl": 0.01}, step=1)
+    with mlflow.start_run(run_name="tagged"):
+        mlflow.set_tag("moeproxy.framework", "openrlhf")
+        mlflow.log_metrics({"completions/mean_length": 120.0}, step=1)
+    with mlflow.start_run(run_name="plain-loop"):
+        mlflow.log_metrics({"loss": 1.0, "reward": 0.2}, step=1)
+    frameworks = {r["name"]: r["framework"] for r in api(tracking, "/api/v1/runs")["runs"]}
+    assert frameworks == {"trl-grpo": "trl", "tagged": "openrlhf", "plain-loop": None}
