@@ -195,7 +195,7 @@ def test_a_worker_killed_mid_job_has_its_job_retried_and_completed_once(db, url,
     marker = tmp_path / "started"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     doomed = subprocess.Popen(
-        [sys.executable, str(HERE / "job_executors.py"), url, "doomed", "1.5", str(marker)],
+        [sys.executable, str(HERE / "job_executors.py"), url, "doomed", "3", str(marker)],
         env=env,
         stderr=subprocess.PIPE,
     )
@@ -318,7 +318,7 @@ def test_a_cancelled_running_job_stops(db, api, style):
             time.sleep(0.01)
         return JobOutcome(result={"ran": "to its end"})
 
-    thread, stop = worker_thread(db, long_job, "w", lease_s=0.6)
+    thread, stop = worker_thread(db, long_job, "w", lease_s=1.5)
     try:
         wait_for(lambda: job_row(db, job_id).state == "running", what="the job to run")
         asked = api.post(f"/api/v1/jobs/{job_id}/cancel").json()
