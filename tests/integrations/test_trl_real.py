@@ -120,3 +120,36 @@ def test_every_run_has_a_fault_class_of_the_catalogue():
     from moeproxy.reproduction.catalogue import FAULT_CLASSES
 
     assert {k.label for k in trl_runs.RUNS.values()} <= set(FAULT_CLASSES)
+
+
+def test_report_to_mlflow_stores_the_points_the_callback_stores(sqlite_live_server, tiny_checkpoint, tmp_path,
+                                                                monkeypatch):
+    """One GRPOTrainer run logging both ways at once: transformers' MLflowCallback
+    (``report_to=["mlflow"]``, pointed at ``/mlflow``) and MoeproxyCallback. Both runs hold the same
+    training points, and the MLflow one, which carries no framework tag, is recognised as TRL's."""
+    pytest.importorskip("mlflow")
+    import torch
+
+    server = sqlite_live_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"{server.url}/mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    torch.set_num_threads(1)
+    api = trl_runs.Api(server.url, server.token)
+    entry = trl_runs.run_one("healthy", steps=3, seed=0, api=api, url=server.url, token=server.token,
+                             workdir=tmp_path, model_path=tiny_checkpoint,
+                             overrides={**TINY_RUN, "report_to": ["mlflow"], "run_name": "trl-via-mlflow"})
+    assert entry["ended"] == "finished"
+    ours = entry["trace"]
+    via_mlflow = api.trace(api.run_id("trl-via-mlflow"))
+    assert via_mlflow["framework"] == "trl"
+    theirs = {s["step"]: s["values"] for s in via_mlflow["steps"]}
+    assert [s["step"] for s in ours["steps"]] == [1, 2, 3] and set(theirs) >= {1, 2, 3}
+    for step in ours["steps"]:
+        for name, value in step["values"].items():
+            assert name in theirs[step["step"]], (step["step"], name)
+            other = theirs[step["step"]][name]
+            assert other == pytest.approx(value, rel=1e-12) if isinstance(value, float) else other == value
+    # MLflowCallback also logs transformers' end-of-training summary, which the callback leaves out.
+    assert "train_runtime" in {n for values in theirs.values() for n in values}
+    assert _server_run(server, "trl-via-mlflow")["status"] == "finished"
