@@ -84,6 +84,7 @@ def _matrix(o: dict) -> dict[tuple[str, str], dict]:
             "url": f"{m}/runs/create", "json": {"experiment_id": exp, "run_name": "into-owner-exp"}, "expect": "absent"
         },
         ("GET", f"{m}/runs/get"): {"url": f"{m}/runs/get?run_id={uuid}", "expect": "absent"},
+        ("POST", f"{m}/runs/search"): {"url": f"{m}/runs/search", "json": {"experiment_ids": [exp]}, "expect": "absent"},
         ("POST", f"{m}/runs/update"): {"url": f"{m}/runs/update", "json": {"run_id": uuid, "status": "FAILED"}, "expect": "absent"},
         ("POST", f"{m}/runs/delete"): {"url": f"{m}/runs/delete", "json": {"run_id": uuid}, "expect": "absent"},
         ("POST", f"{m}/runs/log-metric"): {
