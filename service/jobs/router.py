@@ -36,6 +36,7 @@ def create_job(spec: JobCreate, request: Request, project: ProjectDep, session: 
             seeds=spec.seeds,
             keep_ratio=spec.keep_ratio,
             method=spec.method,
+            grid={"engine": spec.engine} if spec.engine else None,
         ),
         request.app.state.settings,
     )

@@ -33,6 +33,12 @@ class JobCreate(BaseModel):
     seeds: list[Seed] | None = Field(default=None, min_length=2, max_length=64)
     keep_ratio: float | None = Field(default=None, gt=0, le=1, description="fraction of routed experts kept")
     method: str | None = Field(default=None, description="proxy construction method (proxy_builder's names)")
+    engine: dict[str, bool | int | float | str | list[str] | list[float]] | None = Field(
+        default=None,
+        max_length=64,
+        description="reproduction engine options over its defaults (EngineConfig fields: tasks, max_new_tokens, "
+        "prompts_per_step, group_size, lr, ...); an unknown option fails the job with its name when it runs",
+    )
 
     @field_validator("classes")
     @classmethod

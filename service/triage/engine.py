@@ -33,6 +33,7 @@ class SignatureEngine:
     def __init__(self, library_path: str | Path | None = None):
         self.library_path = library_path
         self._library = None
+        self._layered: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     @property
@@ -47,6 +48,25 @@ class SignatureEngine:
                     except (SignatureError, OSError) as exc:  # retried on the next evaluation
                         raise LibraryUnavailable(str(exc)) from exc
         return self._library
+
+    def library_for(self, layer_path: str | None):
+        """The base library, or the base with a model's layer over it (``FingerprintLibrary.layered``).
+        Layers are written once and never changed, so each is read once and kept by path."""
+        base = self.library
+        if layer_path is None:
+            return base
+        with self._lock:
+            cached = self._layered.get(layer_path)
+        if cached is None:
+            from moeproxy.signatures.api import SignatureError, load_library
+
+            try:
+                cached = base.layered(load_library(layer_path))
+            except (SignatureError, OSError) as exc:
+                raise LibraryUnavailable(f"library layer {layer_path}: {exc}") from exc
+            with self._lock:
+                self._layered[layer_path] = cached
+        return cached
 
     def warm(self) -> None:
         """Load the library and compile DTW (the first call compiles for seconds, SPEC section 8)."""
@@ -63,11 +83,12 @@ class SignatureEngine:
         framework: str | None,
         aliases: Sequence[MetricAlias],
         now: datetime,
+        layer_path: str | None = None,
     ) -> TriageResponse:
         from moeproxy.signatures.api import RunMetrics, canonicalise, expected_traces, run_signature, triage
         from moeproxy.signatures.canonical import MetricSeries
 
-        library = self.library
+        library = self.library_for(layer_path)
         run = RunMetrics(
             {name: MetricSeries(steps, values) for name, (steps, values) in metrics.items() if steps.size},
             framework=framework,

@@ -16,6 +16,7 @@ from moeproxy.service.alerts.outbox import enqueue_due
 from moeproxy.service.aliases import repository as aliases
 from moeproxy.service.db import utcnow
 from moeproxy.service.jobs import auto as auto_jobs
+from moeproxy.service.loop import repository as layers
 from moeproxy.service.metrics import repository as metrics
 from moeproxy.service.runs.models import Run
 from moeproxy.service.tokens.models import Project
@@ -39,6 +40,9 @@ class EvaluationInput:
     framework: str | None
     series: dict[str, tuple[np.ndarray, np.ndarray]]
     aliases: list[MetricAlias]
+    #: The newest library layer a reproduction job wrote for the run's model, read over the base
+    #: library (service/loop); None: the base library alone.
+    layer_path: str | None = None
 
 
 def load_input(session: Session, run: Run) -> EvaluationInput:
@@ -49,6 +53,7 @@ def load_input(session: Session, run: Run) -> EvaluationInput:
         framework=run.framework,
         series=metrics.read_metric_arrays(session, run.id),
         aliases=aliases.effective_aliases(session, run.project_id, run.framework),
+        layer_path=getattr(layers.newest_layer(session, run.project_id, run.model_uri), "path", None),
     )
 
 
@@ -64,7 +69,8 @@ def compute(engine: SignatureEngine, data: EvaluationInput) -> TriageResponse:
     if not data.series:
         return TriageResponse(run_id=data.run_id, evaluated_at=now, candidates=[], verdict=NO_METRICS_VERDICT)
     return engine.evaluate(
-        data.series, run_id=data.run_id, framework=data.framework, aliases=data.aliases, now=now
+        data.series, run_id=data.run_id, framework=data.framework, aliases=data.aliases, now=now,
+        layer_path=data.layer_path,
     )
 
 

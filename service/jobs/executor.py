@@ -1,0 +1,103 @@
+"""The default job executor (``moeproxy worker``): what a reproduction job does (issue 18).
+
+1. Resolve the run's ``model_uri`` to a checkpoint directory this worker can read.
+2. Build (or reuse) the proxy, and size a reproduction by the planner's device count for it.
+3. Reproduce every variant of the candidate classes on it (``service.loop.pipeline.run_loop``) on
+   the Ray pool when Ray is installed (``reproduction.pool.RayBackend``: the cluster at
+   ``--ray-address``/``MOEPROXY_RAY_ADDRESS``, ``RAY_ADDRESS``, or a local one), in process
+   otherwise; each finished reproduction renews the lease, and a cancel stops the job there.
+4. Record the layer (``library_layers``) and re-triage the run against the base library with the
+   layer over it: the stored evaluation goes through the normal alert path, so a run that now
+   matches strongly alerts like any other.
+
+The result stored on the job: the layer's version, path and size, the re-triage's top class,
+score, strength and verdict, and the cost (reproduction seconds, device-hours, the planner's
+device counts for the proxy and the original).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from moeproxy.service.jobs.spec import JobOutcome, JobSpec
+from moeproxy.service.loop import repository as layers
+from moeproxy.service.loop.pipeline import LoopError, LoopSpec, model_key, proxy_for, run_loop
+from moeproxy.service.runs.models import Run
+
+log = logging.getLogger(__name__)
+
+
+def resolve_model_uri(uri: str) -> Path:
+    """A local checkpoint directory from a run's ``model_uri``: a path or a ``file://`` URI (shared
+    storage every worker mounts). Remote schemes need the checkpoint copied first: refused by name."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        path = Path(unquote(parsed.path) if parsed.scheme == "file" else uri).expanduser()
+        if not path.is_dir():
+            raise LoopError(f"model_uri {uri!r}: no such directory on this worker")
+        return path
+    raise LoopError(f"model_uri {uri!r}: scheme {parsed.scheme!r} is not read by the workers; register a path "
+                    "or file:// URI on shared storage the workers mount")
+
+
+def _backend(ctx: Any, proxy: Path) -> tuple[Any, float]:
+    """The Ray pool when Ray is installed (accelerators per reproduction from the planner), else in
+    process (one reproduction after the other on this worker)."""
+    from moeproxy.reproduction.pool import RayBackend, accelerators_for
+
+    if importlib.util.find_spec("ray") is None:
+        return "local", 1.0
+    n = accelerators_for(proxy)
+    return RayBackend(address=ctx.ray_address, accelerators_per_job=n), float(n)
+
+
+def execute(job: JobSpec, ctx: Any) -> JobOutcome:
+    from moeproxy.signatures.api import load_library
+
+    settings = ctx.settings
+    root = Path(settings.data_dir)
+    model_dir = resolve_model_uri(job.model_uri)
+    engine_options = dict(job.grid.get("engine", {})) if isinstance(job.grid, dict) else {}
+    spec = LoopSpec(model_dir, tuple(job.classes), steps=job.steps, seeds=tuple(job.seeds),
+                    keep_ratio=job.keep_ratio, method=job.method, engine=engine_options)
+    base = load_library(settings.fingerprints)
+    ctx.heartbeat(progress={"stage": "proxy", "done": 0, "total": 1})
+    key = model_key(model_dir)
+    proxy = proxy_for(spec, root, key)
+    backend, accelerators = _backend(ctx, proxy)
+    outcome = run_loop(spec, root, base, job_id=job.id, backend=backend, accelerators_per_job=accelerators,
+                       on_progress=lambda p: ctx.heartbeat(progress=dict(p)))
+    with ctx.database.scope() as session:
+        layers.record_layer(session, project_id=job.project_id, model_uri=job.model_uri, model_key=outcome.model_key,
+                            version=outcome.version, path=str(outcome.layer_dir), job_id=job.id,
+                            fingerprints=outcome.fingerprints, strong_threshold=outcome.strong_threshold)
+    verdict = _retriage(ctx, job)
+    planner = dict(outcome.cost.get("planner_devices") or {})
+    return JobOutcome(
+        result={"library_version": outcome.version, "layer": str(outcome.layer_dir),
+                "fingerprints": outcome.fingerprints, "strong_threshold": outcome.strong_threshold,
+                "proxy": str(outcome.proxy_dir), "cost": dict(outcome.cost), **verdict},
+        device_hours=outcome.cost.get("device_hours"),
+        planner_estimate={"devices": planner},
+    )
+
+
+def _retriage(ctx: Any, job: JobSpec) -> dict[str, Any]:
+    """Evaluate the run again, now with its model's layer; stored like any evaluation (alerts)."""
+    from moeproxy.service.triage import service as triage_service
+    from moeproxy.service.triage.engine import SignatureEngine
+
+    engine = SignatureEngine(ctx.settings.fingerprints)
+    with ctx.database.scope() as session:
+        run = session.get(Run, job.run_id)
+        if run is None:  # deleted while the job ran: the layer stays for the model's next runs
+            return {"retriage": None}
+        result, alerts = triage_service.evaluate_run(session, run, engine, ctx.settings)
+    top = result.candidates[0] if result.candidates else None
+    return {"retriage": {"verdict": result.verdict, "top_class": top.fault_class if top else None,
+                         "score": top.score if top else None, "strength": top.strength if top else None,
+                         "alerts": alerts}}
