@@ -41,7 +41,7 @@ def _runs(server) -> dict[str, dict]:
 def test_verls_tracking_sends_through_mlflow_and_through_the_moeproxy_backend(sqlite_live_server):
     server = sqlite_live_server
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYTHONPATH"))}
-    done = subprocess.run([str(VERL_PYTHON), str(SCRIPT), server.url, server.token], capture_output=True,
+    done = subprocess.run([str(VERL_PYTHON), str(SCRIPT), server.url, server.token], check=False, capture_output=True,
                           text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     versions = json.loads(done.stdout.strip().splitlines()[-1])
