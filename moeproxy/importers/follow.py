@@ -109,8 +109,10 @@ class LogFollower:
         self._partial = b""
 
     def _read_available(self, records: list[Record]) -> None:
-        """Append the records of the whole lines the open file has past what was read."""
-        assert self._handle is not None
+        """Append the records of the whole lines the open file has past what was read (nothing
+        while the file is not open)."""
+        if self._handle is None:
+            return
         chunk = self._handle.read()
         self._offset += len(chunk)
         if not chunk:
