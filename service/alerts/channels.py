@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 from moeproxy.service.alerts.errors import UnknownChannel
-from moeproxy.service.alerts.messages import AlertMessage, slack_blocks, webhook_json
+from moeproxy.service.alerts.messages import AlertMessage, JobMessage, slack_payload, webhook_payload
 from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler, RateLimitErrorRetryHandler
 from slack_sdk.webhook import WebhookClient
 
@@ -40,7 +40,7 @@ class DeliveryResult:
 class Channel(Protocol):
     name: str
 
-    def send(self, message: AlertMessage) -> DeliveryResult: ...
+    def send(self, message: AlertMessage | JobMessage) -> DeliveryResult: ...
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -103,9 +103,9 @@ class SlackChannel:
             ],
         )
 
-    def send(self, message: AlertMessage) -> DeliveryResult:
+    def send(self, message: AlertMessage | JobMessage) -> DeliveryResult:
         try:
-            response = self.client.send_dict(slack_blocks(message))
+            response = self.client.send_dict(slack_payload(message))
         except Exception as exc:  # noqa: BLE001 - urllib raises many types; after the in-place retries all are transient
             return DeliveryResult(ok=False, detail=f"{type(exc).__name__}: {exc}")
         return classify(response.status_code, response.headers, response.body or "")
@@ -120,9 +120,9 @@ class JsonWebhookChannel:
         self.url = url
         self.timeout_s = timeout_s
 
-    def send(self, message: AlertMessage) -> DeliveryResult:
+    def send(self, message: AlertMessage | JobMessage) -> DeliveryResult:
         try:
-            response = httpx.post(self.url, json=webhook_json(message), timeout=self.timeout_s)
+            response = httpx.post(self.url, json=webhook_payload(message), timeout=self.timeout_s)
         except httpx.HTTPError as exc:
             return DeliveryResult(ok=False, detail=f"{type(exc).__name__}: {exc}")
         return classify(response.status_code, response.headers, response.text)

@@ -163,3 +163,84 @@ def slack_blocks(msg: AlertMessage) -> dict[str, Any]:
 def webhook_json(msg: AlertMessage) -> dict[str, Any]:
     """The generic webhook payload: the alert as data, plus a one-line summary."""
     return {"event": "moeproxy.triage.alert", "summary": summary_line(msg), **msg.to_json()}
+
+
+# --- reproduction jobs (issue 18): "a reproduction was started", then its outcome -------------------
+
+JOB_KINDS = ("job_started", "job_finished")
+
+
+@dataclass(frozen=True, slots=True)
+class JobMessage:
+    """A reproduction job started for a weak run, or finished (``state`` succeeded | failed |
+    cancelled; with the run's verdict after it when it succeeded)."""
+
+    kind: str  # one of JOB_KINDS
+    run_id: int
+    run_name: str
+    project: str
+    job_id: int
+    state: str
+    trigger: str
+    classes: tuple[str, ...]
+    url: str
+    top_class: str | None = None
+    score: float | None = None
+    strength: str | None = None
+    verdict: str | None = None
+    library_version: int | None = None
+    device_hours: float | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["classes"] = list(self.classes)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobMessage:
+        return cls(**{**data, "classes": tuple(data.get("classes", ()))})
+
+
+def message_from_json(payload: dict[str, Any]) -> AlertMessage | JobMessage:
+    """An outbox row's message: a job's (its ``kind`` says so) or a triage alert (rows before jobs)."""
+    return JobMessage.from_json(payload) if payload.get("kind") in JOB_KINDS else AlertMessage.from_json(payload)
+
+
+def job_summary_line(msg: JobMessage) -> str:
+    where = f"run {msg.run_name} [{msg.project}]"
+    if msg.kind == "job_started":
+        classes = ", ".join(msg.classes[:5]) + (f" and {len(msg.classes) - 5} more" if len(msg.classes) > 5 else "")
+        return f"No confident match in {where}: reproduction job {msg.job_id} started on a proxy ({classes})"
+    if msg.state == "succeeded":
+        named = (f"now {msg.top_class} ({msg.score:.2f}, {msg.strength})" if msg.top_class is not None
+                 else "re-triaged")
+        return f"Reproduction job {msg.job_id} for {where} finished: library v{msg.library_version}, {named}"
+    return f"Reproduction job {msg.job_id} for {where} {msg.state}" + (f": {msg.error}" if msg.error else "")
+
+
+def job_slack_blocks(msg: JobMessage) -> dict[str, Any]:
+    line = _escape(job_summary_line(msg))
+    fields = [{"type": "mrkdwn", "text": f"*Run*\n<{msg.url}|{_escape(msg.run_name)}>"},
+              {"type": "mrkdwn", "text": f"*Job*\n{msg.job_id} ({msg.state}, {_escape(msg.trigger)})"}]
+    if msg.kind == "job_finished" and msg.verdict:
+        fields.append({"type": "mrkdwn", "text": _clip(f"*Verdict now*\n{_escape(msg.verdict)}", _SECTION_MAX)})
+    if msg.device_hours is not None:
+        fields.append({"type": "mrkdwn", "text": f"*Device-hours*\n{msg.device_hours:.3g}"})
+    header = "Reproduction started" if msg.kind == "job_started" else f"Reproduction {msg.state}"
+    blocks = [{"type": "header", "text": {"type": "plain_text", "text": header}},
+              {"type": "section", "text": {"type": "mrkdwn", "text": _clip(line, _SECTION_MAX)}},
+              {"type": "section", "fields": fields}]
+    return {"text": _clip(line, _SECTION_MAX), "blocks": blocks}
+
+
+def job_webhook_json(msg: JobMessage) -> dict[str, Any]:
+    return {"event": f"moeproxy.{msg.kind.replace('_', '.')}", "summary": job_summary_line(msg), **msg.to_json()}
+
+
+def slack_payload(message: AlertMessage | JobMessage) -> dict[str, Any]:
+    return job_slack_blocks(message) if isinstance(message, JobMessage) else slack_blocks(message)
+
+
+def webhook_payload(message: AlertMessage | JobMessage) -> dict[str, Any]:
+    return job_webhook_json(message) if isinstance(message, JobMessage) else webhook_json(message)

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from moeproxy.service.alerts.channels import Channel, DeliveryResult, make_channel
-from moeproxy.service.alerts.messages import AlertMessage, RankedClass
+from moeproxy.service.alerts.messages import (
+    JOB_KINDS,
+    AlertMessage,
+    JobMessage,
+    RankedClass,
+    message_from_json,
+)
 from moeproxy.service.alerts.models import AlertOutbox, OutboxStatus
 from moeproxy.service.alerts.policy import due_alerts
 from moeproxy.service.db import Database, utcnow
@@ -120,6 +126,29 @@ def enqueue_due(
     return added
 
 
+def enqueue_message(session: Session, message: JobMessage, *, channels: Sequence[str]) -> list[AlertOutbox]:
+    """Outbox rows for a job's message, once per (job, kind, channel): a job retried by another
+    worker, or a creation that races, does not say the same thing twice."""
+    added = []
+    for channel in channels:
+        row = AlertOutbox(
+            run_id=message.run_id,
+            fault_class=f"job:{message.job_id}",  # the unique key: one row per job ...
+            level=JOB_KINDS.index(message.kind) + 1,  # ... and kind
+            channel=channel,
+            payload=message.to_json(),
+            status=OutboxStatus.pending.value,
+            next_attempt_at=utcnow(),
+        )
+        try:
+            with session.begin_nested():
+                session.add(row)
+        except IntegrityError:
+            continue
+        added.append(row)
+    return added
+
+
 def _claimable(now: datetime):
     return or_(
         and_(AlertOutbox.status == OutboxStatus.pending.value, AlertOutbox.next_attempt_at <= now),
@@ -212,7 +241,7 @@ def deliver_due(
                 ok=False, permanent=True, detail=f"channel {channel_name!r} is not configured"
             )
         else:
-            result = channel.send(AlertMessage.from_json(payload))
+            result = channel.send(message_from_json(payload))
         with db.scope() as session:
             record_result(session, row_id, result, now=now(), policy=policy)
     return len(rows)

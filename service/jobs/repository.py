@@ -9,6 +9,7 @@ from typing import Any
 
 from moeproxy.reproduction.catalogue import FAULT_CLASSES
 from moeproxy.service.db import utcnow
+from moeproxy.service.jobs import notify
 from moeproxy.service.jobs.errors import (
     JobFinished,
     JobNotFound,
@@ -133,6 +134,7 @@ def create_job(session: Session, project_id: int, request: JobRequest, settings:
         if existing is None:
             raise
         raise OpenJobExists(existing.id, run.id) from None
+    notify.job_message(session, job, "job_started", settings)
     return job
 
 

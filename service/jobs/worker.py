@@ -26,7 +26,8 @@ from types import FrameType
 from typing import Any
 
 from moeproxy.service.db import Database
-from moeproxy.service.jobs import queue
+from moeproxy.service.jobs import notify, queue
+from moeproxy.service.jobs.models import FINISHED_STATES, ReproductionJob
 from moeproxy.service.jobs.spec import JobCancelled, JobOutcome, JobSpec, LeaseLost
 
 from moeproxy.extras import from_import_error
@@ -234,6 +235,11 @@ class Worker:
             beater.join()
         with self.database.scope() as session:
             ENDINGS[ending](session, ctx.lease, payload)
+        if ending in ("succeeded", "failed", "cancelled"):
+            with self.database.scope() as session:
+                row = session.get(ReproductionJob, job.id)
+                if row is not None and row.state in FINISHED_STATES and self.settings is not None:
+                    notify.job_message(session, row, "job_finished", self.settings)
 
     def _execute(self, job: JobSpec, ctx: JobContext) -> tuple[str, Any]:
         """How the job ends: a key of :data:`ENDINGS` and what that ending records."""
