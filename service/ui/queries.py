@@ -132,3 +132,50 @@ def get_run(session: Session, run_id: int, *, project_id: int | None = None) -> 
         query = query.where(Run.project_id == project_id)
     found = session.execute(query).first()
     return None if found is None else (found[0], found[1])
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One reproduction job as the pages show it (service/jobs)."""
+
+    id: int
+    run_id: int
+    run_name: str
+    project: str
+    state: str
+    trigger: str
+    classes: list[str]
+    progress: dict
+    result: dict | None
+    error: str | None
+    device_hours: float | None
+    created_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def error_line(self) -> str | None:
+        return self.error.splitlines()[0] if self.error else None
+
+    @property
+    def retriage(self) -> dict:
+        return (self.result or {}).get("retriage") or {}
+
+
+def list_jobs(session: Session, *, project_id: int | None = None, run_id: int | None = None,
+              limit: int = 100) -> list[JobRow]:
+    """Reproduction jobs the viewer may see (``project_id`` None: every project), newest first."""
+    from moeproxy.service.jobs.models import ReproductionJob
+
+    query = (select(ReproductionJob, Run.name, Project.name)
+             .join(Run, Run.id == ReproductionJob.run_id)
+             .join(Project, Project.id == ReproductionJob.project_id)
+             .order_by(ReproductionJob.created_at.desc(), ReproductionJob.id.desc())
+             .limit(limit))
+    if project_id is not None:
+        query = query.where(ReproductionJob.project_id == project_id)
+    if run_id is not None:
+        query = query.where(ReproductionJob.run_id == run_id)
+    return [JobRow(j.id, j.run_id, run_name, project, j.state, j.trigger, list(j.classes), dict(j.progress or {}),
+                   j.result, j.error, j.device_hours, as_utc(j.created_at),
+                   as_utc(j.finished_at) if j.finished_at else None)
+            for j, run_name, project in session.execute(query)]

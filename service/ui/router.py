@@ -283,6 +283,7 @@ def _render_run(request: Request, session, viewer: auth.Viewer, run, project: st
             "state_version": _state_version(row, last_step),
             "has_metrics": last_step is not None,
             "strong_threshold": (result.details or {}).get("strong_threshold") if result else None,
+            "jobs": queries.list_jobs(session, project_id=viewer.project_id, run_id=run.id, limit=5),
             "viewer": viewer,
         },
         status_code=200 if problem is None else 503,
@@ -331,6 +332,16 @@ def run_state(request: Request, run_id: int, session: SessionDep) -> Response:
     row = triage_repo.latest(session, run.id)
     return JSONResponse(
         {"version": _state_version(row, metrics.last_step(session, run.id)), "live": _is_live(run)}
+    )
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request, session: SessionDep) -> Response:
+    """Every reproduction job the viewer may see, newest first."""
+    if (viewer := _viewer(request, session)) is None:
+        return _to_login(request)
+    return templates.TemplateResponse(
+        request, "jobs.html", {"jobs": queries.list_jobs(session, project_id=viewer.project_id), "viewer": viewer}
     )
 
 

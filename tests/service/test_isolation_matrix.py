@@ -117,6 +117,7 @@ def _matrix(o: dict) -> dict[tuple[str, str], dict]:
         ("POST", "/runs/{run_id}/evaluate"): {"url": f"/runs/{rid}/evaluate", "expect": "absent", "page": True},
         ("GET", "/runs/{run_id}/state"): {"url": f"/runs/{rid}/state", "expect": "absent", "page": True},
         ("GET", "/faults"): {"url": "/faults", "expect": "public", "page": True},
+        ("GET", "/jobs"): {"url": "/jobs", "expect": "listing", "page": True},
     }
 
 
