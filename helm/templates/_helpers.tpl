@@ -20,3 +20,40 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- include "moeproxy.fullname" . -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Ray cluster the workers join: the given address, the chart's RayCluster, or none (local). */}}
+{{- define "moeproxy.rayAddress" -}}
+{{- if .Values.ray.address -}}
+{{- .Values.ray.address -}}
+{{- else if .Values.ray.kuberay.enabled -}}
+{{- printf "%s-ray-head-svc:6379" (include "moeproxy.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* An accelerator limit: nvidia -> nvidia.com/gpu, ascend -> huawei.com/Ascend910, none -> nothing. */}}
+{{- define "moeproxy.acceleratorLimit" -}}
+{{- if eq .kind "nvidia" -}}
+nvidia.com/gpu: {{ .count }}
+{{- else if eq .kind "ascend" -}}
+huawei.com/Ascend910: {{ .count }}
+{{- end -}}
+{{- end -}}
+
+{{/* The shared data volume and the read-only models volume. */}}
+{{- define "moeproxy.volumes" -}}
+- name: data
+{{- if .Values.data.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.data.existingClaim }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+- name: models
+{{- if .Values.models.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.models.existingClaim }}
+    readOnly: true
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end -}}

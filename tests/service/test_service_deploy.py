@@ -51,7 +51,7 @@ def test_every_env_name_is_a_setting_or_a_serve_option():
 def test_compose_runs_the_service_against_its_postgres():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"postgres", "moeproxy"}
+    assert set(services) == {"postgres", "moeproxy", "ray-head", "worker"}
     env = services["moeproxy"]["environment"]
     url = env["MOEPROXY_DATABASE_URL"]
     assert url.startswith("postgresql+psycopg://") and "@postgres:5432/" in url
@@ -103,6 +103,7 @@ def _structural(text: str) -> str:
 @pytest.mark.parametrize("name, kind", [
     ("deployment.yaml", "Deployment"), ("service.yaml", "Service"),
     ("configmap.yaml", "ConfigMap"), ("secret.yaml", "Secret"),
+    ("worker.yaml", "Deployment"), ("migrate-job.yaml", "Job"), ("raycluster.yaml", "RayCluster"),
 ])
 def test_templates_are_kubernetes_objects(name, kind):
     doc = yaml.safe_load(_structural((HELM / "templates" / name).read_text()))
@@ -119,3 +120,51 @@ def test_deployment_migrates_then_serves_with_probes():
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     refs = [next(iter(e.values())) for e in container["envFrom"]]
     assert any("name" in r for r in refs)
+
+
+def test_compose_has_a_worker_on_the_ray_pool_sharing_the_data_volume():
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    worker, head, api = services["worker"], services["ray-head"], services["moeproxy"]
+    assert worker["build"]["dockerfile"] == head["build"]["dockerfile"] == "docker/Dockerfile.worker"
+    assert worker["environment"]["MOEPROXY_RAY_ADDRESS"] == "ray-head:6379"
+    assert worker["environment"]["MOEPROXY_DATABASE_URL"] == api["environment"]["MOEPROXY_DATABASE_URL"]
+    assert head["command"][:3] == ["ray", "start", "--head"] and "--port=6379" in head["command"]
+    for service in (worker, head, api):  # proxies and layers written by the worker, read by the service
+        assert "data:/data" in service["volumes"]
+
+
+def test_the_worker_image_has_torch_and_ray_and_runs_the_worker():
+    dockerfile = (DOCKER / "Dockerfile.worker").read_text()
+    assert "torch==2.13.0" in dockerfile and '".[ml,ray]"' in dockerfile
+    assert re.search(r'^CMD \["moeproxy", "worker"\]', dockerfile, flags=re.MULTILINE)
+    copied = set(re.findall(r"^COPY (\S+) ", dockerfile, flags=re.MULTILINE))
+    assert copied == set(re.findall(r"^COPY (\S+) ", (DOCKER / "Dockerfile").read_text(), flags=re.MULTILINE))
+
+
+def test_the_worker_pods_ask_for_their_accelerators():
+    worker = (HELM / "templates" / "worker.yaml").read_text()
+    helpers = (HELM / "templates" / "_helpers.tpl").read_text()
+    assert "moeproxy.acceleratorLimit" in worker and "moeproxy.rayAddress" in worker
+    assert "nvidia.com/gpu:" in helpers and "huawei.com/Ascend910:" in helpers
+    doc = yaml.safe_load(_structural(worker))
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["moeproxy", "worker"]
+    assert {e["name"] for e in container["env"]} == {"MOEPROXY_JOB_LEASE_S", "MOEPROXY_RAY_ADDRESS"}
+    ray = (HELM / "templates" / "raycluster.yaml").read_text()
+    assert '"NPU\\": %v' in ray  # Ascend workers start Ray with the NPU resource
+
+
+def test_the_migration_job_runs_before_an_upgrade():
+    doc = yaml.safe_load(_structural((HELM / "templates" / "migrate-job.yaml").read_text()))
+    assert doc["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    assert doc["spec"]["template"]["spec"]["containers"][0]["command"] == ["moeproxy", "db", "upgrade"]
+    assert doc["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_values_follow_the_values_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = __import__("json").loads((HELM / "values.schema.json").read_text())
+    jsonschema.validate(_values(), schema)
+    bad = {**_values(), "worker": {**_values()["worker"], "accelerator": "tpu"}}
+    with pytest.raises(jsonschema.ValidationError, match="tpu"):
+        jsonschema.validate(bad, schema)
