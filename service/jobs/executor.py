@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -61,7 +62,7 @@ def execute(job: JobSpec, ctx: Any) -> JobOutcome:
     settings = ctx.settings
     root = Path(settings.data_dir)
     model_dir = resolve_model_uri(job.model_uri)
-    engine_options = dict(job.grid.get("engine", {})) if isinstance(job.grid, dict) else {}
+    engine_options = dict(job.grid.get("engine") or {}) if isinstance(job.grid, Mapping) else {}
     spec = LoopSpec(model_dir, tuple(job.classes), steps=job.steps, seeds=tuple(job.seeds),
                     keep_ratio=job.keep_ratio, method=job.method, engine=engine_options)
     base = load_library(settings.fingerprints)
