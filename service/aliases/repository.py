@@ -11,9 +11,10 @@ only its own and ``"*"`` entries) and its ``canonical_name`` fallbacks.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 from moeproxy.service.aliases.models import MetricAliasRow
-from moeproxy.signatures.vocabulary import MetricAlias, alias_index, canonical_name
+from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, MetricAlias, alias_index, canonical_name
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
@@ -51,11 +52,23 @@ def add_alias(session: Session, project_id: int, framework: str, name: str, cano
 
 
 def effective_aliases(session: Session, project_id: int, framework: str | None = None) -> list[MetricAlias]:
-    """Aliases as vocabulary dataclasses, project entries after global ones so they win in an index."""
-    return [
-        MetricAlias(framework=row.framework, name=row.name, canonical=row.canonical)
-        for row in list_aliases(session, project_id, framework=framework)
-    ]
+    """Aliases as vocabulary dataclasses, project entries after global ones so they win in an index.
+
+    Global entries come in the vocabulary's own order (``DEFAULT_ALIASES``), not the table's: where
+    a run logs two names of one canonical metric (verl's ``training/rollout_probs_diff_mean`` and
+    ``rollout_corr/log_ppl_diff``), canonicalisation keeps the one listed first, and the service
+    must keep the same one as the library's own triage, or a fingerprint built on one meaning is
+    compared with the other."""
+    rank = _vocabulary_rank()
+    rows = sorted(list_aliases(session, project_id, framework=framework),
+                  key=lambda r: (r.project_id is not None, rank.get((r.framework, r.name), len(rank)),
+                                 r.framework, r.name))
+    return [MetricAlias(framework=row.framework, name=row.name, canonical=row.canonical) for row in rows]
+
+
+@lru_cache(maxsize=1)
+def _vocabulary_rank() -> dict[tuple[str, str], int]:
+    return {(a.framework, a.name): i for i, a in enumerate(DEFAULT_ALIASES)}
 
 
 def alias_map(session: Session, project_id: int, framework: str | None) -> dict[str, str]:

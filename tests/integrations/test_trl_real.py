@@ -127,13 +127,27 @@ def test_report_to_mlflow_stores_the_points_the_callback_stores(sqlite_live_serv
     """One GRPOTrainer run logging both ways at once: transformers' MLflowCallback
     (``report_to=["mlflow"]``, pointed at ``/mlflow``) and MoeproxyCallback. Both runs hold the same
     training points, and the MLflow one, which carries no framework tag, is recognised as TRL's."""
-    pytest.importorskip("mlflow")
-    import torch
-
+    mlflow = pytest.importorskip("mlflow")
     server = sqlite_live_server
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"{server.url}/mlflow")
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", server.token)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    # MLflow's fluent API keeps the tracking URI and the last experiment process-wide: earlier tests
+    # pointed them at servers that are gone.
+    previous_uri = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"{server.url}/mlflow")
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    try:
+        _both_ways(server, tiny_checkpoint, tmp_path)
+    finally:
+        mlflow.set_tracking_uri(previous_uri)
+
+
+def _both_ways(server, tiny_checkpoint, tmp_path) -> None:
+    import torch
+
     torch.set_num_threads(1)
     api = trl_runs.Api(server.url, server.token)
     entry = trl_runs.run_one("healthy", steps=3, seed=0, api=api, url=server.url, token=server.token,
