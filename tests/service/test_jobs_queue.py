@@ -25,19 +25,11 @@ from moeproxy.service.jobs.spec import JobCancelled, JobOutcome
 from moeproxy.service.jobs.worker import run_worker
 from moeproxy.service.runs.models import Run
 from moeproxy.service.tokens import repository as tokens
+from waiting import wait_for
 
 from moeproxy.config import Settings
 
 HERE = Path(__file__).resolve().parent
-
-
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from moeproxy.service.app import create_app
 from moeproxy.service.db import Database
 from moeproxy.service.tokens import repository as tokens
 from moeproxy.signatures.synthetic import synthetic_run
-from test_live_triage import wait_for
 from ui_helpers import ingest_body
+from waiting import wait_for
 
 from moeproxy.config import Settings
 

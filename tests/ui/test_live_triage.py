@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from ui_helpers import ingest_body
 from fastapi.testclient import TestClient
 from moeproxy.service.app import create_app
 from moeproxy.service.db import Database
@@ -16,17 +15,10 @@ from moeproxy.service.triage import repository as triage_repo
 from moeproxy.service.triage.engine import SignatureEngine
 from moeproxy.service.triage.live import LiveTriage
 from moeproxy.signatures.synthetic import synthetic_run
+from ui_helpers import ingest_body
+from waiting import wait_for
 
 from moeproxy.config import Settings
-
-
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
