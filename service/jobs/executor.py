@@ -18,6 +18,7 @@ device counts for the proxy and the original).
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,11 +78,13 @@ def execute(job: JobSpec, ctx: Any) -> JobOutcome:
                             version=outcome.version, path=str(outcome.layer_dir), job_id=job.id,
                             fingerprints=outcome.fingerprints, strong_threshold=outcome.strong_threshold)
     verdict = _retriage(ctx, job)
+    consistency = _consistency(ctx, job, outcome.layer_dir, (verdict.get("retriage") or {}).get("fingerprint_id"))
     planner = dict(outcome.cost.get("planner_devices") or {})
     return JobOutcome(
         result={"library_version": outcome.version, "layer": str(outcome.layer_dir),
                 "fingerprints": outcome.fingerprints, "strong_threshold": outcome.strong_threshold,
-                "proxy": str(outcome.proxy_dir), "cost": dict(outcome.cost), **verdict},
+                "proxy": str(outcome.proxy_dir), "cost": dict(outcome.cost), "consistency": consistency,
+                **verdict},
         device_hours=outcome.cost.get("device_hours"),
         planner_estimate={"devices": planner},
     )
@@ -101,4 +104,42 @@ def _retriage(ctx: Any, job: JobSpec) -> dict[str, Any]:
     top = result.candidates[0] if result.candidates else None
     return {"retriage": {"verdict": result.verdict, "top_class": top.fault_class if top else None,
                          "score": top.score if top else None, "strength": top.strength if top else None,
+                         # the matched fingerprint, as the engine records it for the page
+                         "fingerprint_id": ((result.details or {}).get("candidates", {}).get(top.fault_class) or {})
+                         .get("fingerprint_id") if top else None,
                          "alerts": alerts}}
+
+
+def _consistency(ctx: Any, job: JobSpec, layer_dir: Path, fingerprint_id: str | None) -> dict[str, Any] | None:
+    """Is the reproduction that the run now matches consistent with the run itself (the check the
+    proxy method rests on, ``signatures.consistency``)? Its first seed's trace, read as verl logs it,
+    against the run's stored metrics. None when the run's top fingerprint is not one of this job's."""
+    from moeproxy.reproduction.views import project
+    from moeproxy.service.metrics import repository as metrics
+    from moeproxy.signatures.api import RunMetrics, consistency, load_library
+    from moeproxy.signatures.canonical import MetricSeries
+    from moeproxy.signatures.errors import UnknownFaultClass
+
+    if fingerprint_id is None:
+        return None
+    try:
+        fp = load_library(layer_dir).get(fingerprint_id)
+    except UnknownFaultClass:  # the base library's: no reproduction of it in this job
+        return None
+    trace_dir, runs = fp.provenance.get("trace_dir"), fp.provenance.get("runs") or []
+    if not trace_dir or not runs or not (Path(trace_dir) / runs[0]).exists():
+        return None
+    path = Path(trace_dir) / runs[0]
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    reproduction = RunMetrics.from_steps(project(records, "verl"), framework="verl", name=path.stem)
+    with ctx.database.scope() as session:
+        run = session.get(Run, job.run_id)
+        if run is None:
+            return None
+        framework = run.framework
+        series = metrics.read_metric_arrays(session, run.id)
+    production = RunMetrics({n: MetricSeries(st, v) for n, (st, v) in series.items() if st.size},
+                            framework=framework, name=job.run_name)
+    report = consistency(reproduction, production, framework_a="verl", framework_b=framework)
+    return {"verdict": report.verdict, "summary": report.summary, "reproduction": str(path),
+            "direction_agreement": report.direction_agreement, "timing_agreement": report.timing_agreement}

@@ -82,6 +82,10 @@ def test_a_job_extends_the_library_and_the_run_is_named_again(service):
     result = done["result"]
     assert result["library_version"] == 1 and result["fingerprints"] == 6  # 3 variants x 2 onsets
     assert result["retriage"]["top_class"] == CLASS
+    # The reproduction the run now matches, checked against the run itself.
+    check = result["consistency"]
+    assert check["verdict"] in ("consistent", "partially consistent", "inconsistent") and check["summary"]
+    assert Path(check["reproduction"]).name.startswith(f"{CLASS}-seed")
     assert done["device_hours"] > 0
     assert set(done["planner_estimate"]["devices"]) == {"proxy", "original"}
     assert (Path(result["layer"]) / "fingerprints.json").exists()
