@@ -72,7 +72,7 @@ def execute(job: JobSpec, ctx: Any) -> JobOutcome:
     proxy = proxy_for(spec, root, key)
     backend, accelerators = _backend(ctx, proxy)
     outcome = run_loop(spec, root, base, job_id=job.id, backend=backend, accelerators_per_job=accelerators,
-                       on_progress=lambda p: ctx.heartbeat(progress=dict(p)))
+                       key=key, on_progress=lambda p: ctx.heartbeat(progress=dict(p)))
     with ctx.database.scope() as session:
         layers.record_layer(session, project_id=job.project_id, model_uri=job.model_uri, model_key=outcome.model_key,
                             version=outcome.version, path=str(outcome.layer_dir), job_id=job.id,

@@ -157,11 +157,12 @@ def version_of_job(root: Path, key: str, job_id: Any) -> int | None:
 
 
 def run_loop(spec: LoopSpec, root: Path, base: FingerprintLibrary, *, job_id: Any, backend: Any = "local",
-             accelerators_per_job: float = 1.0,
+             accelerators_per_job: float = 1.0, key: str | None = None,
              on_progress: Callable[[Mapping[str, Any]], None] | None = None) -> LoopOutcome:
     """Proxy, reproductions, layer: the whole work of one job, under ``root`` (the data directory).
     ``on_progress`` gets ``{"stage", "done", "total"}`` after each step and each reproduction (the
-    worker's heartbeat and progress)."""
+    worker's heartbeat and progress). ``key``: the model's ``model_key`` when the caller has it
+    already (hashing a full checkpoint's weights takes a while)."""
     from moeproxy.reproduction.campaign import run_campaign
     from moeproxy.reproduction.config import EngineConfig
 
@@ -172,7 +173,7 @@ def run_loop(spec: LoopSpec, root: Path, base: FingerprintLibrary, *, job_id: An
     t0 = time.perf_counter()
     if not Path(spec.model_dir).is_dir():
         raise LoopError(f"model {spec.model_dir}: no such directory on this worker")
-    key = model_key(spec.model_dir)
+    key = key or model_key(spec.model_dir)
     report("proxy", 0, 1)
     proxy = proxy_for(spec, root, key)
     report("proxy", 1, 1)
