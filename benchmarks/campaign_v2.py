@@ -180,8 +180,8 @@ def restore(proxy: Path, campaign: Path) -> int:
     return restored
 
 
-def stage_run(proxy: Path, work: Path, sizing: dict, steps: int) -> None:
-    from moeproxy.reproduction.campaign import default_campaign, run_campaign
+def stage_run(proxy: Path, work: Path, sizing: dict, steps: int, workers: int = 1) -> None:
+    from moeproxy.reproduction.campaign import ProcessPoolBackend, default_campaign, run_campaign
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     jobs = default_campaign(steps=steps).jobs()
@@ -193,7 +193,10 @@ def stage_run(proxy: Path, work: Path, sizing: dict, steps: int) -> None:
         shutil.copy(work / "campaign" / "manifest.json", RESULTS / "manifest.json")
         print(f"{record['state']}: {job.id} ({record.get('wall_time_s')} s)", flush=True)
 
-    result = run_campaign(proxy, jobs, sizing["engine"], work / "campaign", progress=False, on_job=keep_manifest)
+    # Several one-thread jobs side by side beat one job on every thread (ProcessPoolBackend says why).
+    backend = ProcessPoolBackend(workers, threads=max(1, sizing["engine"]["threads"] // workers)) if workers > 1 else "local"
+    result = run_campaign(proxy, jobs, sizing["engine"], work / "campaign", backend=backend, progress=False,
+                          on_job=keep_manifest)
     shutil.copy(work / "campaign" / "manifest.json", RESULTS / "manifest.json")
     print(f"ran {len(result.ran)}, reused {len(result.skipped)}, failed {len(result.failed)}", flush=True)
 
@@ -243,6 +246,7 @@ def main() -> None:
     ap.add_argument("--budget-h", type=float, default=8.0)
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=1, help="run stage: jobs side by side, the threads shared")
     ap.add_argument("--keep-ratio", type=float, default=0.75)
     ap.add_argument("--library", default=str(ROOT / "signatures" / "library"), help="where the library stage writes")
     ap.add_argument("--partial", action="store_true",
@@ -255,7 +259,7 @@ def main() -> None:
     if stages & {"measure", "run", "library"}:
         sizing = stage_measure(proxy, work, args.budget_h, args.threads, args.steps)
     if "run" in stages:
-        stage_run(proxy, work, sizing, args.steps)
+        stage_run(proxy, work, sizing, args.steps, args.workers)
     if "library" in stages:
         stage_library(proxy, work, sizing, args.steps, Path(args.library), partial=args.partial)
 

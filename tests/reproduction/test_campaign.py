@@ -243,3 +243,19 @@ def test_a_failed_job_is_recorded_and_retried_on_the_next_run(warm, tmp_path):
     assert rec["state"] == "failed" and "worker lost" in rec["error"]
     second = run_campaign(warm, jobs, small_config(), out, progress=False)
     assert second.ran == [jobs[0].id] and second.skipped == [jobs[1].id] and not second.failed
+
+
+def test_jobs_run_side_by_side_in_processes_equal_the_same_jobs_run_in_process(warm, tmp_path):
+    from moeproxy.reproduction.campaign import ProcessPoolBackend
+
+    jobs = _campaign().jobs()
+    side = run_campaign(warm, jobs, small_config(), tmp_path / "side", backend=ProcessPoolBackend(2, threads=1),
+                        progress=False)
+    one = run_campaign(warm, jobs, small_config(threads=1), tmp_path / "one", progress=False)
+    assert sorted(side.ran) == sorted(j.id for j in jobs) and not side.failed and not one.failed
+    assert side.manifest["backend"] == "processes"
+    records = {r["id"]: r for r in side.manifest["jobs"]}
+    for job in jobs:
+        assert records[job.id]["threads"] == 1
+        rel = records[job.id]["trace"]
+        assert traces_equal(read_trace(tmp_path / "side" / rel), read_trace(tmp_path / "one" / rel)), job.id
