@@ -83,10 +83,10 @@ def _measured(path: Path, weights: str | None) -> dict | None:
 
 
 def stage_measure(proxy: Path, work: Path, budget_h: float, threads: int, steps: int) -> dict:
-    from moeproxy.reproduction.campaign import JobInput, _weights_hash, default_campaign, run_job
+    from moeproxy.reproduction.campaign import JobInput, weights_hash, default_campaign, run_job
     from moeproxy.reproduction.config import EngineConfig
 
-    weights = _weights_hash(proxy)
+    weights = weights_hash(proxy)
     sizing_file = work / "sizing.json"
     sizing = _measured(sizing_file, weights) or _measured(RESULTS / "sizing.json", weights)
     if sizing is not None:  # measured once on this proxy; a new work directory keeps it
@@ -150,9 +150,9 @@ def restore(proxy: Path, campaign: Path) -> int:
     if not saved.exists():
         return 0
     manifest = json.loads(saved.read_text())
-    from moeproxy.reproduction.campaign import _weights_hash
+    from moeproxy.reproduction.campaign import weights_hash
 
-    have = _weights_hash(proxy)
+    have = weights_hash(proxy)
     if have != manifest["model"]["weights_sha256"]:
         raise SystemExit(f"the rebuilt proxy's weights hash {have[:12]} is not the campaign's "
                          f"{manifest['model']['weights_sha256'][:12]}; the committed traces were made on another "

@@ -66,9 +66,8 @@ VIEW_FRAMEWORK = {"verl": "verl", "trl": "trl", "openrlhf": "openrlhf"}
 
 def heldout_jobs(steps: int = STEPS) -> list:
     """Healthy x3 and every campaign-v2 variant once (see the module docstring)."""
-    from moeproxy.reproduction.campaign import HEALTHY, MID_RUN, CampaignJob, FaultEntry, OnsetRule, _scaled
-    from moeproxy.reproduction.catalogue import FAULT_CLASSES, variant_kind
-    from moeproxy.reproduction.faults import injector_class
+    from moeproxy.reproduction.campaign import HEALTHY, CampaignJob, FaultEntry, onset_rules, scaled_params
+    from moeproxy.reproduction.catalogue import FAULT_CLASSES
 
     jobs = [CampaignJob(HEALTHY, s, steps, "heldout") for s in HEALTHY_SEEDS]
     code_bugs = 0
@@ -76,14 +75,12 @@ def heldout_jobs(steps: int = STEPS) -> list:
         if name == "healthy":
             continue
         for variant in fc.variants:
-            defaults = injector_class(name, variant).defaults
-            params = {"magnitude": _scaled(defaults["magnitude"], MAGNITUDE_FACTOR)} if "magnitude" in defaults else {}
-            if variant_kind(name, variant) == "configuration":
-                onset = OnsetRule(0)
-            else:
-                onset = OnsetRule(0) if code_bugs % 2 == 0 else OnsetRule(step=None, within=MID_RUN)
+            rules = onset_rules(name, variant)
+            if len(rules) > 1:  # a code bug: its onsets in turn across the variants, one run each
+                rules = (rules[code_bugs % len(rules)],)
                 code_bugs += 1
-            jobs.append(CampaignJob(FaultEntry(name, variant, params, onset), HELDOUT_SEED, steps, "heldout"))
+            entry = FaultEntry(name, variant, scaled_params(name, variant, MAGNITUDE_FACTOR), rules[0])
+            jobs.append(CampaignJob(entry, HELDOUT_SEED, steps, "heldout"))
     return jobs
 
 

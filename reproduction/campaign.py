@@ -289,24 +289,37 @@ def default_campaign(*, steps: int = 120, seeds: Sequence[int] = (0, 1),
                      confused_seeds: Sequence[int] = (0, 1, 2)) -> Campaign:
     """Every variant of every class (SPEC section 3): code bugs at onset 0 and at a mid-run onset,
     configuration faults at onset 0; a second magnitude where a variant takes one."""
-    from moeproxy.reproduction.faults import injector_class  # the injectors' defaults (torch)
-
     entries = []
     for name, fc in FAULT_CLASSES.items():
         if name == "healthy":
             continue
         own_seeds = tuple(confused_seeds) if name in CONFUSED_CLASSES else None
         for variant in fc.variants:
-            defaults = injector_class(name, variant).defaults
             sizes: list[dict[str, Any]] = [{}]
-            if "magnitude" in defaults:
-                sizes.append({"magnitude": _scaled(defaults["magnitude"], SECOND_MAGNITUDE)})
-            onsets = [OnsetRule(0)] if variant_kind(name, variant) == "configuration" else [
-                OnsetRule(0), OnsetRule(step=None, within=MID_RUN)]
+            second = scaled_params(name, variant, SECOND_MAGNITUDE)
+            if second:
+                sizes.append(second)
             for params in sizes:
-                for onset in onsets:
+                for onset in onset_rules(name, variant):
                     entries.append(FaultEntry(name, variant, params, onset, own_seeds))
     return Campaign(tuple(entries), steps=steps, seeds=tuple(seeds))
+
+
+def onset_rules(fault_class: str, variant: str | None) -> tuple[OnsetRule, ...]:
+    """When a variant's fault starts in a campaign: a configuration fault is there from step 0 (as
+    in production, where a wrong setting is set before the run); a code bug at step 0 and at a
+    mid-run onset drawn per job (a bug can also arrive with a code change mid-run)."""
+    if variant_kind(fault_class, variant) == "configuration":
+        return (OnsetRule(0),)
+    return (OnsetRule(0), OnsetRule(step=None, within=MID_RUN))
+
+
+def scaled_params(fault_class: str, variant: str | None, factor: float) -> dict[str, Any]:
+    """The variant's default magnitude times ``factor`` as fault params ({} for a variant without one)."""
+    from moeproxy.reproduction.faults import injector_class  # the injectors' defaults (torch)
+
+    defaults = injector_class(fault_class, variant).defaults
+    return {"magnitude": _scaled(defaults["magnitude"], factor)} if "magnitude" in defaults else {}
 
 
 def _scaled(value: Any, factor: float) -> Any:
@@ -477,7 +490,7 @@ def run_campaign(model: str | Path, jobs: Sequence[CampaignJob], engine_config: 
     manifest = _load_manifest(out)
     if manifest is None:
         manifest = {"format": CAMPAIGN_FORMAT, "created_at": _now(), "model": {"path": model_path,
-                    "weights_sha256": _weights_hash(Path(model_path))}, "engine": engine, "device": device,
+                    "weights_sha256": weights_hash(Path(model_path))}, "engine": engine, "device": device,
                     "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()}, "jobs": []}
     else:
         _check_same_campaign(out, manifest, model_path, engine)
@@ -624,8 +637,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _weights_hash(model_dir: Path) -> str | None:
-    files = sorted(model_dir.glob("*.safetensors"))
+def weights_hash(model_dir: str | Path) -> str | None:
+    """A checkpoint's identity: the SHA-256 over its weight files' names and contents, so the same
+    weights under another path hash alike and a retrained model does not (None: no weight files)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         return None
     h = hashlib.sha256()

@@ -80,12 +80,12 @@ class RayBackend:
             if not inputs:
                 return
             task = ray.remote(fn)
-            pending = {}
-            for i, inp in enumerate(inputs):
-                options = self.task_options(inp.device, inp.engine)
-                if self.check_capacity:
-                    self._check_fits(ray, options)
-                pending[task.options(**options).remote(inp)] = i
+            options = [self.task_options(inp.device, inp.engine) for inp in inputs]
+            if self.check_capacity:  # the nodes are read once; every distinct request is checked
+                nodes = _node_resources(ray)
+                for wants in {json.dumps(_wanted(o), sort_keys=True) for o in options}:
+                    _check_fits(nodes, json.loads(wants))
+            pending = {task.options(**o).remote(inp): i for i, (inp, o) in enumerate(zip(inputs, options, strict=True))}
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 for ref in done:
@@ -116,17 +116,25 @@ class RayBackend:
                      include_dashboard=False, log_to_driver=False)
         return True
 
-    @staticmethod
-    def _check_fits(ray, options: Mapping[str, Any]) -> None:
-        """Refuse a job no node of the pool could ever hold, instead of waiting for it forever."""
-        total = ray.cluster_resources()
-        wants = {"CPU": options["num_cpus"], **({"GPU": options["num_gpus"]} if "num_gpus" in options else {}),
-                 **options.get("resources", {})}
-        short = {k: v for k, v in wants.items() if total.get(k, 0.0) < v}
-        if short:
-            have = ", ".join(f"{k} {total.get(k, 0.0):g}" for k in short)
-            raise PoolError(f"the pool cannot hold one job: it asks for "
-                            f"{', '.join(f'{k} {v:g}' for k, v in short.items())}, the cluster has {have}")
+
+def _wanted(options: Mapping[str, Any]) -> dict[str, float]:
+    return {"CPU": options["num_cpus"], **({"GPU": options["num_gpus"]} if "num_gpus" in options else {}),
+            **options.get("resources", {})}
+
+
+def _node_resources(ray) -> list[dict[str, float]]:
+    return [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
+
+
+def _check_fits(nodes: Sequence[Mapping[str, float]], wants: Mapping[str, float]) -> None:
+    """Refuse a job no node of the pool could ever hold, instead of waiting for it forever: Ray
+    places a task on one node, so a request that only the cluster's sum could meet never runs."""
+    if any(all(node.get(k, 0.0) >= v for k, v in wants.items()) for node in nodes):
+        return
+    best = {k: max((node.get(k, 0.0) for node in nodes), default=0.0) for k in wants}
+    raise PoolError(f"the pool cannot hold one job: it asks one node for "
+                    f"{', '.join(f'{k} {v:g}' for k, v in wants.items())}; the largest node has "
+                    f"{', '.join(f'{k} {best[k]:g}' for k in wants)} ({len(nodes)} nodes alive)")
 
 
 def accelerators_for(proxy_dir: str | Path) -> int:

@@ -108,21 +108,10 @@ def enqueue_due(
                 project=project,
                 public_url=public_url,
             )
-            row = AlertOutbox(
-                run_id=triage.run_id,
-                fault_class=due.candidate.fault_class,
-                level=due.level,
-                channel=channel,
-                payload=message.to_json(),
-                status=OutboxStatus.pending.value,
-                next_attempt_at=utcnow(),
-            )
-            try:
-                with session.begin_nested():  # another evaluator may have enqueued it first
-                    session.add(row)
-            except IntegrityError:
-                continue
-            added.append(row)
+            row = _insert_once(session, run_id=triage.run_id, fault_class=due.candidate.fault_class,
+                               level=due.level, channel=channel, payload=message.to_json())
+            if row is not None:
+                added.append(row)
     return added
 
 
@@ -131,22 +120,26 @@ def enqueue_message(session: Session, message: JobMessage, *, channels: Sequence
     worker, or a creation that races, does not say the same thing twice."""
     added = []
     for channel in channels:
-        row = AlertOutbox(
-            run_id=message.run_id,
-            fault_class=f"job:{message.job_id}",  # the unique key: one row per job ...
-            level=JOB_KINDS.index(message.kind) + 1,  # ... and kind
-            channel=channel,
-            payload=message.to_json(),
-            status=OutboxStatus.pending.value,
-            next_attempt_at=utcnow(),
-        )
-        try:
-            with session.begin_nested():
-                session.add(row)
-        except IntegrityError:
-            continue
-        added.append(row)
+        row = _insert_once(session, run_id=message.run_id,
+                           fault_class=f"job:{message.job_id}",  # the unique key: one row per job ...
+                           level=JOB_KINDS.index(message.kind) + 1,  # ... and kind
+                           channel=channel, payload=message.to_json())
+        if row is not None:
+            added.append(row)
     return added
+
+
+def _insert_once(session: Session, **fields) -> AlertOutbox | None:
+    """Add a pending row unless its (run, class, level, channel) is already there: another
+    evaluator or worker may have enqueued it first (the unique key decides, in a savepoint so the
+    caller's transaction goes on). None when it was there."""
+    row = AlertOutbox(**fields, status=OutboxStatus.pending.value, next_attempt_at=utcnow())
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        return None
+    return row
 
 
 def _claimable(now: datetime):

@@ -58,7 +58,7 @@ def _backend(ctx: Any, proxy: Path) -> tuple[Any, float]:
 
 
 def execute(job: JobSpec, ctx: Any) -> JobOutcome:
-    from moeproxy.signatures.api import load_library
+    from moeproxy.service.triage.engine import SignatureEngine
 
     settings = ctx.settings
     root = Path(settings.data_dir)
@@ -66,19 +66,20 @@ def execute(job: JobSpec, ctx: Any) -> JobOutcome:
     engine_options = dict(job.grid.get("engine") or {}) if isinstance(job.grid, Mapping) else {}
     spec = LoopSpec(model_dir, tuple(job.classes), steps=job.steps, seeds=tuple(job.seeds),
                     keep_ratio=job.keep_ratio, method=job.method, engine=engine_options)
-    base = load_library(settings.fingerprints)
+    engine = SignatureEngine(settings.fingerprints)  # one read of the base library per job
     ctx.heartbeat(progress={"stage": "proxy", "done": 0, "total": 1})
     key = model_key(model_dir)
     proxy = proxy_for(spec, root, key)
     backend, accelerators = _backend(ctx, proxy)
-    outcome = run_loop(spec, root, base, job_id=job.id, backend=backend, accelerators_per_job=accelerators,
+    outcome = run_loop(spec, root, engine.library, job_id=job.id, backend=backend, accelerators_per_job=accelerators,
                        key=key, on_progress=lambda p: ctx.heartbeat(progress=dict(p)))
     with ctx.database.scope() as session:
         layers.record_layer(session, project_id=job.project_id, model_uri=job.model_uri, model_key=outcome.model_key,
                             version=outcome.version, path=str(outcome.layer_dir), job_id=job.id,
                             fingerprints=outcome.fingerprints, strong_threshold=outcome.strong_threshold)
-    verdict = _retriage(ctx, job)
-    consistency = _consistency(ctx, job, outcome.layer_dir, (verdict.get("retriage") or {}).get("fingerprint_id"))
+    engine.add_layer(str(outcome.layer_dir), outcome.layer)  # the path the re-triage finds recorded
+    verdict = _retriage(ctx, job, engine)
+    consistency = _consistency(ctx, job, outcome.layer, (verdict.get("retriage") or {}).get("fingerprint_id"))
     planner = dict(outcome.cost.get("planner_devices") or {})
     return JobOutcome(
         result={"library_version": outcome.version, "layer": str(outcome.layer_dir),
@@ -90,12 +91,10 @@ def execute(job: JobSpec, ctx: Any) -> JobOutcome:
     )
 
 
-def _retriage(ctx: Any, job: JobSpec) -> dict[str, Any]:
+def _retriage(ctx: Any, job: JobSpec, engine: Any) -> dict[str, Any]:
     """Evaluate the run again, now with its model's layer; stored like any evaluation (alerts)."""
     from moeproxy.service.triage import service as triage_service
-    from moeproxy.service.triage.engine import SignatureEngine
 
-    engine = SignatureEngine(ctx.settings.fingerprints)
     with ctx.database.scope() as session:
         run = session.get(Run, job.run_id)
         if run is None:  # deleted while the job ran: the layer stays for the model's next runs
@@ -110,20 +109,20 @@ def _retriage(ctx: Any, job: JobSpec) -> dict[str, Any]:
                          "alerts": alerts}}
 
 
-def _consistency(ctx: Any, job: JobSpec, layer_dir: Path, fingerprint_id: str | None) -> dict[str, Any] | None:
+def _consistency(ctx: Any, job: JobSpec, layer: Any, fingerprint_id: str | None) -> dict[str, Any] | None:
     """Is the reproduction that the run now matches consistent with the run itself (the check the
     proxy method rests on, ``signatures.consistency``)? Its first seed's trace, read as verl logs it,
     against the run's stored metrics. None when the run's top fingerprint is not one of this job's."""
     from moeproxy.reproduction.views import project
     from moeproxy.service.metrics import repository as metrics
-    from moeproxy.signatures.api import RunMetrics, consistency, load_library
+    from moeproxy.signatures.api import RunMetrics, consistency
     from moeproxy.signatures.canonical import MetricSeries
     from moeproxy.signatures.errors import UnknownFaultClass
 
     if fingerprint_id is None:
         return None
     try:
-        fp = load_library(layer_dir).get(fingerprint_id)
+        fp = layer.get(fingerprint_id)
     except UnknownFaultClass:  # the base library's: no reproduction of it in this job
         return None
     trace_dir, runs = fp.provenance.get("trace_dir"), fp.provenance.get("runs") or []

@@ -17,7 +17,6 @@ Torch and the builder are imported when a job runs, not when the service starts.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from moeproxy.reproduction.catalogue import FAULT_CLASSES, variant_kind
+from moeproxy.reproduction.catalogue import FAULT_CLASSES
 from moeproxy.signatures.fingerprint import FingerprintLibrary, load_library, save_library
 
 #: Under the service's data directory.
@@ -70,25 +69,27 @@ class LoopOutcome:
     campaign_dir: Path
     version: int
     layer_dir: Path
-    fingerprints: int
-    strong_threshold: float
+    layer: FingerprintLibrary  # as written to layer_dir, so the caller need not read it back
     cost: Mapping[str, Any]
+
+    @property
+    def fingerprints(self) -> int:
+        return len(self.layer.fingerprints)
+
+    @property
+    def strong_threshold(self) -> float:
+        return self.layer.calibration.strong_threshold
 
 
 def model_key(model_dir: Path) -> str:
-    """A model's identity for proxies and layers: the hash of its weight files (names and contents),
-    so the same checkpoint under another path shares them and a retrained one does not."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
+    """A model's identity for proxies and layers: the campaign's weights hash, shortened for paths."""
+    from moeproxy.reproduction.campaign import weights_hash
+
+    digest = weights_hash(model_dir)
+    if digest is None:
         raise LoopError(f"{model_dir}: no *.safetensors weights (the job's model_uri must name a checkpoint "
                         "directory the workers can read)")
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+    return digest[:16]
 
 
 def proxy_for(spec: LoopSpec, root: Path, key: str) -> Path:
@@ -108,14 +109,10 @@ def proxy_for(spec: LoopSpec, root: Path, key: str) -> Path:
 def candidate_jobs(spec: LoopSpec) -> list:
     """Every variant of each candidate class: a code bug at onset 0 and mid-run, a configuration
     fault at onset 0 (as campaign v2 runs them), each with every seed and its healthy twins."""
-    from moeproxy.reproduction.campaign import MID_RUN, Campaign, FaultEntry, OnsetRule
+    from moeproxy.reproduction.campaign import Campaign, FaultEntry, onset_rules
 
-    entries = []
-    for name in spec.classes:
-        for variant in FAULT_CLASSES[name].variants:
-            onsets = [OnsetRule(0)] if variant_kind(name, variant) == "configuration" else [
-                OnsetRule(0), OnsetRule(step=None, within=MID_RUN)]
-            entries += [FaultEntry(name, variant, {}, onset) for onset in onsets]
+    entries = [FaultEntry(name, variant, {}, onset) for name in spec.classes
+               for variant in FAULT_CLASSES[name].variants for onset in onset_rules(name, variant)]
     return Campaign(tuple(entries), steps=spec.steps, seeds=tuple(spec.seeds)).jobs()
 
 
@@ -199,8 +196,7 @@ def run_loop(spec: LoopSpec, root: Path, base: FingerprintLibrary, *, job_id: An
     if done is not None:  # a retried job whose earlier attempt already wrote its layer
         layer = load_library(layer_path(root, key, done))
         manifest = json.loads((layer_path(root, key, done) / "manifest.json").read_text())
-        return LoopOutcome(key, proxy, work, done, layer_path(root, key, done), len(layer.fingerprints),
-                           layer.calibration.strong_threshold, manifest["cost"])
+        return LoopOutcome(key, proxy, work, done, layer_path(root, key, done), layer, manifest["cost"])
     layer, cal_report = build_layer(work, result.entry_dirs("library"), base, generator=generator)
     version = next_version(root, key)
     out = layer_path(root, key, version)
@@ -215,8 +211,7 @@ def run_loop(spec: LoopSpec, root: Path, base: FingerprintLibrary, *, job_id: An
                                        "classes": list(spec.classes), "cost": cost,
                                        "calibration": {k: cal_report[k] for k in ("threshold", "balanced_accuracy")}})
     report("fingerprints", 1, 1)
-    return LoopOutcome(key, proxy, work, version, out, len(layer.fingerprints),
-                       layer.calibration.strong_threshold, cost)
+    return LoopOutcome(key, proxy, work, version, out, layer, cost)
 
 
 def latest_layer(root: Path, key: str) -> tuple[int, FingerprintLibrary] | None:

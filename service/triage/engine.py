@@ -68,6 +68,13 @@ class SignatureEngine:
                 self._layered[layer_path] = cached
         return cached
 
+    def add_layer(self, layer_path: str, layer) -> None:
+        """Keep a layer this process has just written (its library in memory) under its path, so
+        the next evaluation with it does not read it back."""
+        combined = self.library.layered(layer)
+        with self._lock:
+            self._layered[layer_path] = combined
+
     def warm(self) -> None:
         """Load the library and compile DTW (the first call compiles for seconds, SPEC section 8)."""
         from moeproxy.signatures.api import warm

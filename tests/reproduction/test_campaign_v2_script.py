@@ -26,7 +26,7 @@ def script(tmp_path, monkeypatch):
 
 
 def _campaign(tmp_path: Path, script) -> tuple[Path, Path, dict]:
-    from moeproxy.reproduction.campaign import _weights_hash
+    from moeproxy.reproduction.campaign import weights_hash
 
     proxy = tmp_path / "work" / "proxy"
     proxy.mkdir(parents=True)
@@ -41,7 +41,7 @@ def _campaign(tmp_path: Path, script) -> tuple[Path, Path, dict]:
         jobs.append({"id": f"library/healthy/seed{i}", "state": "finished", "trace": rel,
                      "trace_sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
     jobs.append({"id": "library/healthy/seed2", "state": "pending", "trace": None, "trace_sha256": None})
-    manifest = {"model": {"path": str(proxy), "weights_sha256": _weights_hash(proxy)}, "jobs": jobs}
+    manifest = {"model": {"path": str(proxy), "weights_sha256": weights_hash(proxy)}, "jobs": jobs}
     (campaign / "manifest.json").write_text(json.dumps(manifest))
     script.RESULTS.mkdir(parents=True)
     (script.RESULTS / "manifest.json").write_text(json.dumps(manifest))

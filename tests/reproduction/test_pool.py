@@ -98,8 +98,20 @@ def test_a_failing_job_fails_alone(local_pool):
 
 def test_a_job_the_pool_can_never_hold_is_refused(local_pool):
     backend = RayBackend(accelerator="NPU", accelerators_per_job=3)
-    with pytest.raises(PoolError, match="cannot hold one job: it asks for NPU 3, the cluster has NPU 2"):
+    with pytest.raises(PoolError, match="cannot hold one job: it asks one node for CPU 1, NPU 3; the largest "
+                                        "node has CPU 4, NPU 2"):
         list(backend.map(_probe, [_Input()]))
+
+
+def test_a_job_fits_only_where_one_node_holds_all_it_asks_for():
+    from moeproxy.reproduction.pool import _check_fits
+
+    two_small = [{"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0}]
+    _check_fits(two_small, {"CPU": 1.0, "GPU": 1.0})
+    with pytest.raises(PoolError, match="largest node has CPU 8, GPU 1 \\(2 nodes alive\\)"):
+        _check_fits(two_small, {"CPU": 1.0, "GPU": 2.0})  # the cluster's sum is 2, no node's is
+    with pytest.raises(PoolError, match="0 nodes alive"):
+        _check_fits([], {"CPU": 1.0})
 
 
 torch = pytest.importorskip("torch")
