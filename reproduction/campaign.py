@@ -508,6 +508,11 @@ def run_campaign(model: str | Path, jobs: Sequence[CampaignJob], engine_config: 
     todo = [j for j in jobs if not _finished(out, records[j.id])]
     skipped = [j.id for j in jobs if j not in todo]
     _write_manifest(out, manifest)
+    # An entry's manifest is what readers of its directory need (load_trace_dir); finished traces
+    # restored from elsewhere (a committed copy) arrive without it.
+    for job in {(j.split, j.entry.slug): j for j in jobs if j not in todo}.values():
+        if not (out / job.split / job.entry.slug / "manifest.json").exists():
+            _write_entry_manifest(out, job, manifest)
 
     inputs = [JobInput(model_path, engine, j.fault(), j.seed, j.steps, device) for j in todo]
     ran: list[str] = []

@@ -158,6 +158,11 @@ def test_resume_skips_finished_jobs_and_draws_the_same_onsets(warm, tmp_path):
     assert entry_manifest["onsets"] == {str(j.seed): j.onset for j in stale}
     assert entry_manifest["view"] == "raw"
 
+    # Traces restored from a copy come without their entry's manifest: a resume writes it again.
+    (out / "library" / lost.entry.slug / "manifest.json").unlink()
+    assert run_campaign(warm, jobs, small_config(), out, progress=False).ran == []
+    assert json.loads((out / "library" / lost.entry.slug / "manifest.json").read_text()) == entry_manifest
+
 
 def test_a_directory_of_another_campaign_is_refused(warm, tmp_path):
     out = tmp_path / "campaign"
