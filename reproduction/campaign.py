@@ -494,6 +494,7 @@ def run_campaign(model: str | Path, jobs: Sequence[CampaignJob], engine_config: 
                     "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()}, "jobs": []}
     else:
         _check_same_campaign(out, manifest, model_path, engine)
+        manifest["model"]["path"] = model_path  # the same weights, wherever they are now
     impl = get_campaign_backend(backend)
     manifest["backend"] = impl.name
     records = {j["id"]: j for j in manifest["jobs"]}
@@ -557,9 +558,11 @@ def _finished(out: Path, rec: Mapping[str, Any]) -> bool:
 
 
 def _check_same_campaign(out: Path, manifest: Mapping[str, Any], model_path: str, engine: Mapping[str, Any]) -> None:
-    if manifest.get("model", {}).get("path") != model_path:
-        raise CampaignError(f"{out} holds a campaign of the model {manifest.get('model', {}).get('path')}, "
-                            f"not {model_path}; give another output directory")
+    known = manifest.get("model", {})
+    if known.get("path") != model_path and not (known.get("weights_sha256")
+                                                and weights_hash(model_path) == known["weights_sha256"]):
+        raise CampaignError(f"{out} holds a campaign of the model {known.get('path')}, not of {model_path} "
+                            "(other weights); give another output directory")
     if manifest.get("engine") != engine:
         changed = sorted(k for k in set(engine) | set(manifest.get("engine", {}))
                          if engine.get(k) != manifest.get("engine", {}).get(k))

@@ -170,6 +170,16 @@ def test_a_directory_of_another_campaign_is_refused(warm, tmp_path):
     run_campaign(warm, jobs, small_config(), out, progress=False)
     with pytest.raises(CampaignError, match="other engine settings"):
         run_campaign(warm, jobs, small_config(lr=3e-4), out, progress=False)
+    # The same weights under another path are the same model: nothing runs again.
+    import shutil
+
+    moved = shutil.copytree(warm, tmp_path / "moved-model")
+    again = run_campaign(moved, jobs, small_config(), out, progress=False)
+    assert again.ran == [] and again.manifest["model"]["path"] == str(moved.resolve())
+    other = shutil.copytree(warm, tmp_path / "other-model")
+    next(other.glob("*.safetensors")).write_bytes(b"retrained")
+    with pytest.raises(CampaignError, match="other weights"):
+        run_campaign(other, jobs, small_config(), out, progress=False)
 
 
 def test_a_job_run_by_the_api_equals_the_same_job_run_by_the_clis(warm, tmp_path):
