@@ -100,15 +100,16 @@ def campaign_batch() -> tuple[int, int, int]:
     return tuple(sizing["batch"])
 
 
-def stage_heldout(work: Path, set_name: str, threads: int, steps: int) -> Path:
-    from moeproxy.reproduction.campaign import run_campaign
+def stage_heldout(work: Path, set_name: str, threads: int, steps: int, workers: int = 1) -> Path:
+    from moeproxy.reproduction.campaign import ProcessPoolBackend, run_campaign
     from moeproxy.reproduction.reference import reference_model_path
 
     reference = REFERENCES[set_name]
     out = work / set_name
     t0 = time.perf_counter()
+    backend = ProcessPoolBackend(workers, threads=max(1, threads // workers)) if workers > 1 else "local"
     result = run_campaign(reference_model_path(reference), heldout_jobs(steps),
-                          engine_config(reference, campaign_batch(), threads), out)
+                          engine_config(reference, campaign_batch(), threads), out, backend=backend)
     print(f"{set_name}: {len(result.ran)} runs made, {len(result.skipped)} reused, {len(result.failed)} failed, "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     if result.failed:
@@ -228,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--library", default=str(ROOT / "signatures" / "library"))
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=1, help="heldout: runs side by side, the threads shared")
     ap.add_argument("--log", default=str(ROOT / "benchmarks" / "results" / "field-scores.jsonl"))
     ap.add_argument("--note", default="diagnosis benchmark v2: four sets")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "diagnosis_v2.json"))
@@ -241,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"unknown set(s) {', '.join(sorted(unknown))}; known: {', '.join(REFERENCES)}")
     for name in names:
         if "heldout" in stages:
-            stage_heldout(work, name, args.threads, args.steps)
+            stage_heldout(work, name, args.threads, args.steps, args.workers)
         if "export" in stages:
             export_set(work / name, Path(args.heldout_root) / name, name)
     if "evaluate" in stages:
