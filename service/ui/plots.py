@@ -94,9 +94,11 @@ def metric_figure(
     canonical: str,
     expected: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     change_point: int | None = None,
+    reproduction: tuple[str, Sequence[int], Sequence[float]] | None = None,
     max_points: int = MAX_POINTS,
 ) -> MetricFigure:
-    """``expected``: fault class -> {"steps", "values"} of that class's expected shape for this metric."""
+    """``expected``: fault class -> {"steps", "values"} of that class's expected shape for this metric.
+    ``reproduction``: (legend, steps, values) of a job's reproduction of this metric on the proxy."""
     fig = MetricFigure(name=name, canonical=canonical)
     xs, ys = decimate(steps, values, max_points)
     fig.traces.append(
@@ -118,6 +120,19 @@ def metric_figure(
                 "x": list(shape["steps"]),
                 "y": list(shape["values"]),
                 "line": {"dash": "dash" if i == 0 else "dot", "width": 2, "color": _OVERLAY_COLOURS[i % 3]},
+            }
+        )
+    if reproduction is not None and len(reproduction[1]):
+        label, r_steps, r_values = reproduction
+        fig.traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": label,
+                "x": list(r_steps),
+                "y": list(r_values),
+                "line": {"width": 1.5, "color": "#7f8c8d"},
+                "opacity": 0.85,
             }
         )
     for kind, at in nonfinite_points(steps, values).items():

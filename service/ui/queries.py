@@ -151,6 +151,7 @@ class JobRow:
     device_hours: float | None
     created_at: datetime
     finished_at: datetime | None
+    planner_estimate: dict | None = None
 
     @property
     def error_line(self) -> str | None:
@@ -159,6 +160,16 @@ class JobRow:
     @property
     def retriage(self) -> dict:
         return (self.result or {}).get("retriage") or {}
+
+    @property
+    def consistency(self) -> dict:
+        """The check of the reproduction the run now matches against the run (executor._consistency)."""
+        return (self.result or {}).get("consistency") or {}
+
+    @property
+    def devices(self) -> dict:
+        """The planner's device counts for one reproduction: {"proxy": n, "original": m}."""
+        return (self.planner_estimate or {}).get("devices") or {}
 
 
 def list_jobs(session: Session, *, project_id: int | None = None, run_id: int | None = None,
@@ -177,5 +188,5 @@ def list_jobs(session: Session, *, project_id: int | None = None, run_id: int | 
         query = query.where(ReproductionJob.run_id == run_id)
     return [JobRow(j.id, j.run_id, run_name, project, j.state, j.trigger, list(j.classes), dict(j.progress or {}),
                    j.result, j.error, j.device_hours, as_utc(j.created_at),
-                   as_utc(j.finished_at) if j.finished_at else None)
+                   as_utc(j.finished_at) if j.finished_at else None, j.planner_estimate)
             for j, run_name, project in session.execute(query)]

@@ -24,6 +24,7 @@ from moeproxy.service.triage.errors import LibraryUnavailable
 from moeproxy.service.triage.live import get_engine
 from moeproxy.service.triage.service import evaluate_run
 from moeproxy.service.ui import auth, plots, queries
+from moeproxy.service.ui.reproduction import reproduction_overlay
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -209,9 +210,15 @@ def _is_live(run) -> bool:
     return run.status == RunStatus.running.value
 
 
-def _figures(session, run, result) -> tuple[list[plots.MetricFigure], list[plots.MetricFigure]]:
+def _figures(session, run, result, jobs=(), data_dir=None) -> tuple[list[plots.MetricFigure], list[plots.MetricFigure]]:
     series = metrics.read_metric_arrays(session, run.id)
     canonical_of = aliases.canonical_names(session, run.project_id, run.framework, list(series))
+    overlay = None
+    if jobs and data_dir is not None:
+        overlay = reproduction_overlay(
+            jobs, list(series), framework=run.framework, data_dir=data_dir,
+            canonical_of=lambda names: aliases.canonical_names(session, run.project_id, run.framework, names),
+        )
     details = result.details if result is not None else {}
     change_points = details.get("change_points", {})
     top = result.candidates[0].fault_class if result is not None and result.candidates else None
@@ -239,6 +246,7 @@ def _figures(session, run, result) -> tuple[list[plots.MetricFigure], list[plots
                 canonical=canonical_of.get(name, name),
                 expected=expected,
                 change_point=change_points.get(name),
+                reproduction=(overlay.label, *overlay.series[name]) if overlay and name in overlay.series else None,
             )
         )
     n_key = max(plots.KEY_METRICS, len(overlay_metrics))
@@ -259,7 +267,8 @@ def _render_run(request: Request, session, viewer: auth.Viewer, run, project: st
     result, row = _stored_evaluation(session, run)
     last_step = metrics.last_step(session, run.id)
     history = {h.fault_class: h for h in (result.history if result is not None else [])}
-    key_figures, other_figures = _figures(session, run, result)
+    jobs = queries.list_jobs(session, project_id=viewer.project_id, run_id=run.id, limit=5)
+    key_figures, other_figures = _figures(session, run, result, jobs, request.app.state.settings.data_dir)
     plot_data = {
         "key": [f.to_json() for f in key_figures],
         "other": [f.to_json() for f in other_figures],
@@ -283,7 +292,7 @@ def _render_run(request: Request, session, viewer: auth.Viewer, run, project: st
             "state_version": _state_version(row, last_step),
             "has_metrics": last_step is not None,
             "strong_threshold": (result.details or {}).get("strong_threshold") if result else None,
-            "jobs": queries.list_jobs(session, project_id=viewer.project_id, run_id=run.id, limit=5),
+            "jobs": jobs,
             "viewer": viewer,
         },
         status_code=200 if problem is None else 503,

@@ -57,3 +57,55 @@ def test_a_projects_login_sees_only_its_jobs(ui_client, ui_app, auth, post_run, 
         assert other.post("/login", data={"token": make_token("intruder")}, follow_redirects=False).status_code == 303
         page = other.get("/jobs")
         assert page.status_code == 200 and "secret-run" not in page.text and 'id="no-jobs"' in page.text
+
+
+def test_the_run_page_draws_the_checked_reproduction_beside_the_run(ui_client, ui_app, auth, post_run, database,
+                                                                     tmp_path):
+    """The trace the worker checked against the run (a real engine trace of campaign v2, written in
+    the run's framework view) is drawn on the run's own plots, with the consistency verdict and the
+    planner's devices in the card; a path outside the data directory is not read."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from test_pages import plot_data
+
+    data_dir = tmp_path / "data"
+    trace = data_dir / "jobs" / "1" / "campaign" / "library" / "router_corruption-seed0.jsonl"
+    trace.parent.mkdir(parents=True)
+    committed = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "campaign-v2" / "traces"
+                 / "library" / "healthy" / "healthy-seed0.jsonl.gz")
+    trace.write_bytes(gzip.decompress(committed.read_bytes()))
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_bytes(trace.read_bytes())
+    ui_app.state.settings = ui_app.state.settings.model_copy(update={"data_dir": data_dir})
+
+    run_id = post_run(synthetic_run("healthy", steps=40, seed=6), "prod-checked")
+    job_id = _job(ui_client, auth, run_id)
+
+    def executor(job, ctx):
+        return JobOutcome(result={"library_version": 1, "consistency": {
+            "verdict": "partially consistent", "summary": "2 of 3 shared metrics move alike",
+            "reproduction": str(trace)}}, device_hours=0.5, planner_estimate={"devices": {"proxy": 1, "original": 4}})
+
+    assert run_worker(database, executor=executor, settings=Settings(database_url="sqlite://"), once=True) == 1
+    page = ui_client.get(f"/runs/{run_id}").text
+    assert 'title="2 of 3 shared metrics move alike">partially consistent</span>' in page
+    assert "<td>1 / 4</td>" in page
+    figures = {f["name"]: f for group in plot_data(page).values() for f in group}
+    label = f"reproduction: job {job_id} (proxy)"
+    drawn = {name: t for name, f in figures.items() for t in f["traces"] if t["name"] == label}
+    engine = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert "critic/score/mean" in drawn  # the run's name; the engine wrote it under the same verl name
+    assert drawn["critic/score/mean"]["x"] == [r["step"] for r in engine]
+    assert drawn["critic/score/mean"]["y"] == [r["values"]["critic/score/mean"] for r in engine]
+    assert set(drawn) <= set(figures) and len(drawn) >= 3
+
+    # The same result pointing outside the data directory: the card stays, nothing is read or drawn.
+    from moeproxy.service.jobs.models import ReproductionJob
+
+    with database.scope() as s:
+        row = s.get(ReproductionJob, job_id)
+        row.result = {**row.result, "consistency": {**row.result["consistency"], "reproduction": str(outside)}}
+    page = ui_client.get(f"/runs/{run_id}").text
+    assert "partially consistent" in page and label not in page
