@@ -29,7 +29,7 @@ import numpy as np
 from moeproxy.reproduction.catalogue import FAMILIES, FAULT_CLASSES
 from moeproxy.signatures.errors import InvalidLibrary, UnknownFaultClass
 from moeproxy.signatures.features import SignatureParams
-from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, alias_index, canonical_name
+from moeproxy.signatures.vocabulary import CONTROL_METRICS, DEFAULT_ALIASES, alias_index, canonical_name
 
 FORMAT_VERSION = 1
 LIBRARY_FILE = "fingerprints.json"
@@ -113,8 +113,17 @@ class Fingerprint:
         """The fingerprint tells its fault from a healthy run at all. A fault present from step 0
         that moves nothing a run shows by itself (a constant 10x in the rollout mismatch) gives
         a fingerprint its own healthy twins match as well as its fault runs: ranking with it would
-        only call healthy runs faulty. Such a class is left to the whole-run findings (levels.py)."""
-        return self.separation is None or self.separation >= MIN_SEPARATION
+        only call healthy runs faulty. Such a class is left to the whole-run findings (levels.py).
+
+        Where the separation was not measured (a library built before it was), a fault fingerprint
+        whose only evidence is settings and metrics that do not move is taken as not separable: it
+        expects what any quiet healthy run shows (the 40-step KL sign flip of the first library
+        matched a healthy run at 1.00)."""
+        if self.separation is not None:
+            return self.separation >= MIN_SEPARATION
+        if self.fault_class == "healthy":
+            return True
+        return any(e.affected and not e.flat for m, e in self.metrics.items() if m not in CONTROL_METRICS)
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -26,7 +26,7 @@ from repro_models import cached_warm_tiny
 from moeproxy.config import Settings
 
 CLASS = "router_corruption"
-STEPS = 12
+STEPS = 20  # onsets drawn in 20-60% of the run need a few steps of baseline before them
 #: The options of repro_models.small_config, as a user would send them with the job.
 ENGINE = {"tasks": ["counting", "brackets"], "max_new_tokens": 4, "lr": 1e-4, "lr_warmup_steps": 1,
           "prompts_per_step": 8, "group_size": 4, "ppo_mini_batch_size": 2}

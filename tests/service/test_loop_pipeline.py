@@ -27,7 +27,7 @@ from moeproxy.signatures.matching import triage
 from repro_models import cached_warm_tiny, small_config
 
 CLASS = "router_corruption"  # no NaN, no documented range: only a fingerprint can name it
-STEPS = 12
+STEPS = 20  # onsets drawn in 20-60% of the run need a few steps of baseline before them
 ENGINE = {k: v for k, v in small_config().to_dict().items()}
 
 

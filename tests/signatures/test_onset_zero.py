@@ -86,9 +86,20 @@ def test_a_fingerprint_its_own_twins_match_adds_no_score(library):
     assert {c.fault_class: c.score for c in triage(healthy, only).candidates}["rollout_logp_precision"] == 0.0
     assert scored["healthy"].score > scored["rollout_logp_precision"].score
     # The same fingerprint counted as separable scores that healthy run as high as healthy does.
-    unguarded = FingerprintLibrary((replace(fp, separation=None), library.of_class("healthy")[0]))
+    unguarded = FingerprintLibrary((replace(fp, separation=1.0), library.of_class("healthy")[0]))
     unguarded_scores = {c.fault_class: c.score for c in triage(healthy, unguarded).candidates}
     assert unguarded_scores["rollout_logp_precision"] >= unguarded_scores["healthy"] - 0.01
+
+
+def test_an_unmeasured_fingerprint_that_expects_nothing_to_move_is_not_separable(library):
+    # Libraries built before separation was measured: the same onset-0 fingerprint, its separation
+    # unknown, shows only settings and metrics that do not move as evidence.
+    fp = replace(library.get("rollout_logp_precision/onset=0"), separation=None)
+    assert all(e.flat for e in fp.metrics.values() if e.affected)
+    assert not fp.separable
+    late = replace(library.get("rollout_logp_precision/onset=15"), separation=None)
+    assert any(e.affected and not e.flat for e in late.metrics.values()) and late.separable
+    assert replace(library.of_class("healthy")[0], separation=None).separable
 
 
 def test_separation_is_measured_on_the_twins(library):
