@@ -58,8 +58,16 @@ class Settings(BaseSettings):
     job_lease_s: float = Field(default=60.0, gt=0)
     job_max_attempts: int = Field(default=3, ge=1)
     worker_poll_s: float = Field(default=5.0, gt=0)
+    # Engine options of every job (EngineConfig fields, JSON in the environment:
+    # MOEPROXY_JOB_ENGINE='{"prompts_per_step": 8}'); a request's own options go over them.
+    job_engine: dict[str, bool | int | float | str | list[str] | list[float]] = Field(default_factory=dict)
+    # Where a reproduction runs on the worker that takes it: cpu, cuda or npu (one device each).
+    job_device: str = Field(default="cpu", pattern=r"^(cpu|cuda|npu)(:\d+)?$")
     # The Ray cluster the job executor runs reproductions on (None: the one Ray finds, or a local one).
     ray_address: str | None = None
+    # The Ray resource a reproduction asks for, when not the one job_device implies (npu: NPU,
+    # cuda: GPU): a custom resource name of the cluster, e.g. NPU on a pool that schedules CPU runs.
+    ray_accelerator: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 @lru_cache(maxsize=1)

@@ -57,3 +57,14 @@ huawei.com/Ascend910: {{ .count }}
   emptyDir: {}
 {{- end }}
 {{- end -}}
+
+{{/* The device a reproduction runs on (MOEPROXY_JOB_DEVICE): the accelerator of the pool the
+     jobs run on, the KubeRay workers' when the chart makes the cluster, else the worker pod's. An
+     external Ray address keeps the worker's own setting. */}}
+{{- define "moeproxy.jobDevice" -}}
+{{- $kind := .Values.worker.accelerator -}}
+{{- if and .Values.ray.kuberay.enabled (not .Values.ray.address) -}}
+{{- $kind = .Values.ray.kuberay.accelerator -}}
+{{- end -}}
+{{- if eq $kind "nvidia" -}}cuda{{- else if eq $kind "ascend" -}}npu{{- else -}}cpu{{- end -}}
+{{- end -}}

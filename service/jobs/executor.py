@@ -54,7 +54,8 @@ def _backend(ctx: Any, proxy: Path) -> tuple[Any, float]:
     if importlib.util.find_spec("ray") is None:
         return "local", 1.0
     n = accelerators_for(proxy)
-    return RayBackend(address=ctx.ray_address, accelerators_per_job=n), float(n)
+    accelerator = getattr(ctx.settings, "ray_accelerator", None)
+    return RayBackend(address=ctx.ray_address, accelerators_per_job=n, accelerator=accelerator), float(n)
 
 
 def execute(job: JobSpec, ctx: Any) -> JobOutcome:
@@ -65,7 +66,8 @@ def execute(job: JobSpec, ctx: Any) -> JobOutcome:
     model_dir = resolve_model_uri(job.model_uri)
     engine_options = dict(job.grid.get("engine") or {}) if isinstance(job.grid, Mapping) else {}
     spec = LoopSpec(model_dir, tuple(job.classes), steps=job.steps, seeds=tuple(job.seeds),
-                    keep_ratio=job.keep_ratio, method=job.method, engine=engine_options)
+                    keep_ratio=job.keep_ratio, method=job.method, engine=engine_options,
+                    device=settings.job_device)
     engine = SignatureEngine(settings.fingerprints)  # one read of the base library per job
     ctx.heartbeat(progress={"stage": "proxy", "done": 0, "total": 1})
     key = model_key(model_dir)

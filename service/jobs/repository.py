@@ -3,7 +3,7 @@ they never commit (the request scope or the worker's unit of work does)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,14 @@ class JobRequest:
     method: str | None = None
     grid: dict[str, Any] | None = None
     trigger: JobTrigger = JobTrigger.manual
+
+
+def _with_engine_defaults(grid: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's grid with the deployment's engine options under the request's own: stored with
+    the job, so a job says what it ran whatever the settings are later."""
+    grid = dict(grid or {})
+    engine = {**defaults, **(grid.get("engine") or {})}
+    return {**grid, "engine": engine} if engine else grid
 
 
 def get_job(session: Session, project_id: int, job_id: int) -> ReproductionJob:
@@ -118,7 +126,7 @@ def create_job(session: Session, project_id: int, request: JobRequest, settings:
         method=request.method or settings.job_method,
         keep_ratio=request.keep_ratio if request.keep_ratio is not None else settings.job_keep_ratio,
         classes=list(request.classes) if request.classes else default_classes(),
-        grid=dict(request.grid or {}),
+        grid=_with_engine_defaults(request.grid, settings.job_engine),
         seeds=list(request.seeds) if request.seeds else list(settings.job_seeds),
         steps=request.steps or settings.job_steps,
         trigger=request.trigger.value,

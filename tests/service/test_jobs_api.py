@@ -140,6 +140,29 @@ def test_the_cap_comes_from_the_environment(monkeypatch):
     assert settings.job_max_open_per_project == 5 and settings.job_seeds == [7, 8, 9]
 
 
+def test_the_deployments_engine_options_go_under_the_requests_and_are_stored(database, make_token, monkeypatch):
+    import pydantic
+    from fastapi.testclient import TestClient
+    from moeproxy.service.app import create_app
+
+    from moeproxy.config import Settings
+
+    monkeypatch.setenv("MOEPROXY_JOB_ENGINE", '{"prompts_per_step": 8, "lr": 2e-5}')
+    monkeypatch.setenv("MOEPROXY_JOB_DEVICE", "npu:0")
+    monkeypatch.setenv("MOEPROXY_RAY_ACCELERATOR", "NPU")
+    settings = Settings(database_url="sqlite://")
+    assert (settings.job_device, settings.ray_accelerator) == ("npu:0", "NPU")
+    h = {"Authorization": f"Bearer {make_token('engine-defaults')}"}
+    with TestClient(create_app(settings, database=database)) as client:
+        own = client.post("/api/v1/jobs", json={"run_id": _run(client, h, "own")["id"], "engine": {"lr": 1e-4}},
+                          headers=h).json()
+        plain = client.post("/api/v1/jobs", json={"run_id": _run(client, h, "plain")["id"]}, headers=h).json()
+    assert own["grid"]["engine"] == {"prompts_per_step": 8, "lr": 1e-4}
+    assert plain["grid"]["engine"] == {"prompts_per_step": 8, "lr": 2e-5}
+    with pytest.raises(pydantic.ValidationError, match="job_device"):
+        Settings(job_device="tpu")
+
+
 def test_list_newest_first_paged_and_filtered(client, auth, database):
     from moeproxy.service.jobs.models import ReproductionJob
 

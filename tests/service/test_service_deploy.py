@@ -149,7 +149,15 @@ def test_the_worker_pods_ask_for_their_accelerators():
     doc = yaml.safe_load(_structural(worker))
     container = doc["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["moeproxy", "worker"]
-    assert {e["name"] for e in container["env"]} == {"MOEPROXY_JOB_LEASE_S", "MOEPROXY_RAY_ADDRESS"}
+    assert {e["name"] for e in container["env"]} == {"MOEPROXY_JOB_LEASE_S", "MOEPROXY_RAY_ADDRESS",
+                                                     "MOEPROXY_JOB_DEVICE"}
+    # The reproductions run on the pool's accelerator (Settings.job_device takes cpu, cuda or npu).
+    device = helpers[helpers.index('define "moeproxy.jobDevice"'):]
+    assert re.search(r'eq \$kind "nvidia" -\}\}cuda', device) and re.search(r'eq \$kind "ascend" -\}\}npu', device)
+    from moeproxy.config import Settings
+
+    for value in ("cpu", "cuda", "npu"):
+        assert Settings(job_device=value).job_device == value
     ray = (HELM / "templates" / "raycluster.yaml").read_text()
     assert '"NPU\\": %v' in ray  # Ascend workers start Ray with the NPU resource
 
