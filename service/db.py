@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, DateTime, Engine, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 # Stable constraint names, so migrations can refer to them on both backends.
@@ -59,6 +60,18 @@ class UTCDateTime(TypeDecorator):
         if value is not None and value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
         return value
+
+
+def add_unless_taken(session: Session, row: object) -> bool:
+    """Add ``row`` in a savepoint; False, and the caller's transaction going on, when a unique key
+    says another writer added its twin first (two jobs registering one run name, two evaluators
+    enqueuing one alert). The caller reads the twin if it needs it."""
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        return False
+    return True
 
 
 def is_sqlite(bind: Engine | Connection | Session) -> bool:

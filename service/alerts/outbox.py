@@ -28,11 +28,10 @@ from moeproxy.service.alerts.messages import (
 )
 from moeproxy.service.alerts.models import AlertOutbox, OutboxStatus
 from moeproxy.service.alerts.policy import due_alerts
-from moeproxy.service.db import Database, utcnow
+from moeproxy.service.db import Database, add_unless_taken, utcnow
 from moeproxy.service.triage.schemas import TriageResponse
 from moeproxy.signatures.siblings import SiblingNote
 from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
@@ -134,12 +133,7 @@ def _insert_once(session: Session, **fields) -> AlertOutbox | None:
     evaluator or worker may have enqueued it first (the unique key decides, in a savepoint so the
     caller's transaction goes on). None when it was there."""
     row = AlertOutbox(**fields, status=OutboxStatus.pending.value, next_attempt_at=utcnow())
-    try:
-        with session.begin_nested():
-            session.add(row)
-    except IntegrityError:
-        return None
-    return row
+    return row if add_unless_taken(session, row) else None
 
 
 def _claimable(now: datetime):

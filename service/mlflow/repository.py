@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from moeproxy.service.db import add_unless_taken
 from moeproxy.service.limits import fits_id
 from moeproxy.service.metrics import repository as metrics
 from moeproxy.service.metrics.codec import ParsedBatch, encode_value
@@ -30,7 +31,6 @@ from moeproxy.signatures.values import parse_nonfinite
 from moeproxy.signatures.vocabulary import detect_framework
 from pydantic import ValidationError
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 DEFAULT_EXPERIMENT_ID = "0"  # what the MLflow client uses when no experiment was set
@@ -84,12 +84,7 @@ def get_experiment_by_name(session: Session, project_id: int, name: str) -> Mlfl
 
 def _insert_experiment(session: Session, project_id: int, name: str, **fields) -> MlflowExperiment | None:
     row = MlflowExperiment(project_id=project_id, name=name, tags={}, **fields)
-    try:
-        with session.begin_nested():
-            session.add(row)
-    except IntegrityError:
-        return None
-    return row
+    return row if add_unless_taken(session, row) else None
 
 
 def default_experiment(session: Session, project_id: int) -> MlflowExperiment:
