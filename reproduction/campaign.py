@@ -417,7 +417,8 @@ class ProcessPoolBackend:
 
         # spawn, not fork: a forked child inherits the parent's torch thread pool and locks.
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(self.workers, mp_context=ctx) as pool:
+        pool = ProcessPoolExecutor(self.workers, mp_context=ctx)
+        try:
             pending = {pool.submit(fn, inp): i for i, inp in enumerate(self.inputs_for(inputs))}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -429,6 +430,10 @@ class ProcessPoolBackend:
                             exc is not None and not isinstance(exc, (ReproductionError, RuntimeError, ValueError))):
                         raise exc
                     yield i, exc if exc is not None else fut.result()
+        finally:
+            # Stopped early (a driver failure, or the caller left the loop): the jobs not started
+            # are dropped, not run to the end; the running ones finish, their results unread.
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _ray_backend() -> CampaignBackend:

@@ -274,3 +274,24 @@ def test_jobs_run_side_by_side_in_processes_equal_the_same_jobs_run_in_process(w
         assert records[job.id]["threads"] == 1
         rel = records[job.id]["trace"]
         assert traces_equal(read_trace(tmp_path / "side" / rel), read_trace(tmp_path / "one" / rel)), job.id
+
+
+def _marking_job(job):
+    """A stand-in job for the pool's own behaviour: it marks that it ran, then takes a moment."""
+    import time
+
+    Path(job.model_path).write_text("ran")
+    time.sleep(0.3)
+    return job.seed
+
+
+def test_a_process_pool_left_early_drops_the_jobs_it_has_not_started(tmp_path):
+    from moeproxy.reproduction.campaign import JobInput, ProcessPoolBackend
+
+    inputs = [JobInput(str(tmp_path / f"job-{i}"), {}, {}, i, 1) for i in range(8)]
+    results = ProcessPoolBackend(2).map(_marking_job, inputs)
+    first = next(results)
+    results.close()  # the caller stops (a driver failure, Ctrl-C): the rest must not run on
+    assert first[1] == first[0]
+    ran = sorted(p.name for p in tmp_path.glob("job-*"))
+    assert 1 <= len(ran) < len(inputs), ran
