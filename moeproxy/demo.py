@@ -10,12 +10,14 @@ Qwen3-MoE reference model (64 experts, top-4, 8 layers) on the synthetic task su
 metric names: a healthy run, and its twin whose rollout engine computes log-probs in bf16 from
 step 14 (SPEC section 3, ``rollout_logp_precision``), the same length and onset as the diagnosis
 benchmark's held-out runs. Seed 7 is used by neither the shipped fingerprint library nor that
-benchmark. With the shipped library the bf16 run ranks ``rollout_logp_precision`` first (0.74,
-just under the calibrated strong threshold 0.76, so the verdict is "no confident match: closest is
-rollout_logp_precision"; the logp-discrepancy siblings ``stale_weight_sync`` and
-``operator_numeric_noise`` follow at 0.67); the healthy run is diagnosed healthy (strong). Both
-are what the product does on a run it has never seen. They are not production runs: every demo run
-carries the tag ``demo`` and ``config.demo = true`` with the recording command.
+benchmark. With the shipped library the bf16 run ranks ``rollout_logp_precision`` first (0.79,
+strong). The healthy run is a false alarm: ranked ``lr_misconfiguration`` (0.86, strong), with
+``healthy`` third (0.53). The shipped library was built from 40-step runs of a saturated model, in
+which a healthy run moves nothing, so a run whose KL grows as training goes on resembles its
+LR-misconfiguration fingerprint more than its healthy one; the library rebuilt from campaign v2
+(runs that learn) and demo runs re-recorded on the RL starting point replace both. Both outcomes
+are what the product does today on a run it has never seen. They are not production runs: every
+demo run carries the tag ``demo`` and ``config.demo = true`` with the recording command.
 
 Shipping recordings keeps the light install (no torch) able to show the product on real engine
 output; a fresh recording needs the ``[ml]`` extra and ~40 s of CPU.
