@@ -12,10 +12,11 @@ step 14 (SPEC section 3, ``rollout_logp_precision``), the same length and onset 
 benchmark's held-out runs. Seed 7 is used by neither the shipped fingerprint library nor that
 benchmark. With the shipped library the bf16 run ranks ``rollout_logp_precision`` first (0.79,
 strong). The healthy run is a false alarm: ranked ``lr_misconfiguration`` (0.86, strong), with
-``healthy`` third (0.53). The shipped library was built from 40-step runs of a saturated model, in
-which a healthy run moves nothing, so a run whose KL grows as training goes on resembles its
-LR-misconfiguration fingerprint more than its healthy one; the library rebuilt from campaign v2
-(runs that learn) and demo runs re-recorded on the RL starting point replace both. Both outcomes
+``healthy`` third (0.53) although its fingerprint matches at 1.00. The run was recorded on the
+saturated SFT reference (accuracy 0.99 from the start), so the whole-run findings speak against
+healthy: the reward cannot rise (0.996 -> 0.98), entropy grows x6 from nearly nothing, and the KL
+still grows x22 over the second half. A run of the RL starting point, which learns, is what the
+demo should show; re-recorded there with the library rebuilt from campaign v2, it replaces this one. Both outcomes
 are what the product does today on a run it has never seen. They are not production runs: every
 demo run carries the tag ``demo`` and ``config.demo = true`` with the recording command.
 
