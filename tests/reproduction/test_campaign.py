@@ -288,7 +288,7 @@ def _marking_job(job):
 def test_a_process_pool_left_early_drops_the_jobs_it_has_not_started(tmp_path):
     from moeproxy.reproduction.campaign import JobInput, ProcessPoolBackend
 
-    inputs = [JobInput(str(tmp_path / f"job-{i}"), {}, {}, i, 1) for i in range(8)]
+    inputs = [JobInput(str(tmp_path / f"job-{i}"), {}, {}, i, 1) for i in range(16)]
     results = ProcessPoolBackend(2).map(_marking_job, inputs)
     first = next(results)
     results.close()  # the caller stops (a driver failure, Ctrl-C): the rest must not run on
