@@ -172,8 +172,40 @@ class JobRow:
         return (self.planner_estimate or {}).get("devices") or {}
 
 
+@dataclass(frozen=True)
+class JobDetail:
+    """One job's page: its row as the tables show it, and the spec and attempts behind it."""
+
+    row: JobRow
+    model_uri: str
+    method: str
+    keep_ratio: float
+    seeds: list[int]
+    steps: int
+    engine: dict
+    attempts: int
+    worker_id: str | None
+    started_at: datetime | None
+    cancel_requested: bool
+
+
+def get_job(session: Session, job_id: int, *, project_id: int | None = None) -> JobDetail | None:
+    """The job if the viewer may see it (``project_id`` None: any project's)."""
+    from moeproxy.service.jobs.models import ReproductionJob
+
+    if not fits_id(job_id):
+        return None
+    job = session.get(ReproductionJob, job_id)
+    if job is None or (project_id is not None and job.project_id != project_id):
+        return None  # another project's job is as absent as a missing one
+    (row,) = list_jobs(session, job_id=job.id)
+    return JobDetail(row, job.model_uri, job.method, job.keep_ratio, list(job.seeds), job.steps,
+                     dict((job.grid or {}).get("engine") or {}), job.attempts, job.worker_id,
+                     as_utc(job.started_at) if job.started_at else None, job.cancel_requested_at is not None)
+
+
 def list_jobs(session: Session, *, project_id: int | None = None, run_id: int | None = None,
-              limit: int = 100) -> list[JobRow]:
+              job_id: int | None = None, limit: int = 100) -> list[JobRow]:
     """Reproduction jobs the viewer may see (``project_id`` None: every project), newest first."""
     from moeproxy.service.jobs.models import ReproductionJob
 
@@ -186,6 +218,8 @@ def list_jobs(session: Session, *, project_id: int | None = None, run_id: int | 
         query = query.where(ReproductionJob.project_id == project_id)
     if run_id is not None:
         query = query.where(ReproductionJob.run_id == run_id)
+    if job_id is not None:
+        query = query.where(ReproductionJob.id == job_id)
     return [JobRow(j.id, j.run_id, run_name, project, j.state, j.trigger, list(j.classes), dict(j.progress or {}),
                    j.result, j.error, j.device_hours, as_utc(j.created_at),
                    as_utc(j.finished_at) if j.finished_at else None, j.planner_estimate)

@@ -302,7 +302,7 @@ def _render_run(request: Request, session, viewer: auth.Viewer, run, project: st
 def _not_found(request: Request, viewer: auth.Viewer, run_id: int) -> Response:
     # Another project's run is "not found" too: the page does not tell it exists.
     return templates.TemplateResponse(
-        request, "not_found.html", {"run_id": run_id, "viewer": viewer}, status_code=404
+        request, "not_found.html", {"what": f"Run {run_id}", "viewer": viewer}, status_code=404
     )
 
 
@@ -352,6 +352,19 @@ def jobs_page(request: Request, session: SessionDep) -> Response:
     return templates.TemplateResponse(
         request, "jobs.html", {"jobs": queries.list_jobs(session, project_id=viewer.project_id), "viewer": viewer}
     )
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: int, session: SessionDep) -> Response:
+    """One job: its spec, state and attempts, what it found, what it cost."""
+    if (viewer := _viewer(request, session)) is None:
+        return _to_login(request)
+    job = queries.get_job(session, job_id, project_id=viewer.project_id)
+    if job is None:
+        return templates.TemplateResponse(
+            request, "not_found.html", {"what": f"Job {job_id}", "viewer": viewer}, status_code=404
+        )
+    return templates.TemplateResponse(request, "job.html", {"job": job, "j": job.row, "viewer": viewer})
 
 
 @router.get("/faults", response_class=HTMLResponse)

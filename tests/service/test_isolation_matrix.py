@@ -118,6 +118,7 @@ def _matrix(o: dict) -> dict[tuple[str, str], dict]:
         ("GET", "/runs/{run_id}/state"): {"url": f"/runs/{rid}/state", "expect": "absent", "page": True},
         ("GET", "/faults"): {"url": "/faults", "expect": "public", "page": True},
         ("GET", "/jobs"): {"url": "/jobs", "expect": "listing", "page": True},
+        ("GET", "/jobs/{job_id}"): {"url": f"/jobs/{o['job_id']}", "expect": "absent", "page": True},
     }
 
 

@@ -45,7 +45,37 @@ def test_the_run_page_and_jobs_page_show_what_the_worker_recorded(ui_client, aut
     jobs = ui_client.get("/jobs").text
     assert f'href="/runs/{ok_run}">prod-ok</a>' in jobs and f'href="/runs/{bad_run}">prod-bad</a>' in jobs
     assert jobs.index("prod-bad") < jobs.index("prod-ok")  # newest first
-    assert f"<td>{ok_job}</td>" in jobs and f"<td>{bad_job}</td>" in jobs
+    assert f'<td><a href="/jobs/{ok_job}">{ok_job}</a></td>' in jobs and f'<a href="/jobs/{bad_job}">' in jobs
+
+
+def test_a_job_has_its_own_page_with_spec_outcome_and_cost(ui_client, auth, post_run, database):
+    run_id = post_run(synthetic_run("healthy", steps=40, seed=7), "prod-detail")
+    job_id = _job(ui_client, auth, run_id)
+
+    def executor(job, ctx):
+        ctx.heartbeat(progress={"stage": "reproduce", "done": 6, "total": 6})
+        return JobOutcome(result={"library_version": 2, "fingerprints": 6, "strong_threshold": 0.713,
+                                  "cost": {"reproduction_s": 42.0, "runs": 14},
+                                  "consistency": {"verdict": "consistent", "summary": "3 of 3 shared metrics alike"},
+                                  "retriage": {"top_class": "router_corruption", "score": 0.91, "strength": "strong",
+                                               "verdict": "likely router_corruption"}},
+                          device_hours=0.25, planner_estimate={"devices": {"proxy": 2, "original": 8}})
+
+    assert run_worker(database, executor=executor, settings=Settings(database_url="sqlite://"), once=True) == 1
+    listing = ui_client.get(f"/runs/{run_id}").text
+    assert f'<a href="/jobs/{job_id}">{job_id}</a>' in listing
+    page = ui_client.get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    html = page.text
+    assert f"Reproduction job {job_id}" in html and "succeeded" in html
+    assert f'<a href="/runs/{run_id}">prod-detail</a>' in html and "<code>/models/qwen3</code>" in html
+    assert "router_corruption; 120 steps, seeds 0, 1" in html  # the settings' defaults, as stored
+    assert "router_corruption (0.91, strong)" in html and "v2: 6 fingerprints, strong from 0.713" in html
+    assert "consistent: 3 of 3 shared metrics alike" in html and "reproduce 6/6" in html
+    assert "proxy 2, original 8" in html and "42 s over 14 runs" in html and "0.25" in html
+    assert ui_client.get("/jobs/999999").status_code == 404
+    assert "Job 999999 not found" in ui_client.get("/jobs/999999").text
+    assert ui_client.get(f"/jobs/{2**40}").status_code == 404  # beyond any id: not found, not 500
 
 
 def test_a_projects_login_sees_only_its_jobs(ui_client, ui_app, auth, post_run, make_token):
@@ -57,6 +87,9 @@ def test_a_projects_login_sees_only_its_jobs(ui_client, ui_app, auth, post_run, 
         assert other.post("/login", data={"token": make_token("intruder")}, follow_redirects=False).status_code == 303
         page = other.get("/jobs")
         assert page.status_code == 200 and "secret-run" not in page.text and 'id="no-jobs"' in page.text
+        (job,) = ui_client.get("/api/v1/jobs", headers=auth("owner")).json()["jobs"]
+        foreign = other.get(f"/jobs/{job['id']}")
+        assert foreign.status_code == 404 and "secret-run" not in foreign.text
 
 
 def test_the_run_page_draws_the_checked_reproduction_beside_the_run(ui_client, ui_app, auth, post_run, database,
