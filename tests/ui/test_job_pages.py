@@ -73,6 +73,16 @@ def test_a_job_has_its_own_page_with_spec_outcome_and_cost(ui_client, auth, post
     assert "router_corruption (0.91, strong)" in html and "v2: 6 fingerprints, strong from 0.713" in html
     assert "consistent: 3 of 3 shared metrics alike" in html and "reproduce 6/6" in html
     assert "proxy 2, original 8" in html and "42 s over 14 runs" in html and "0.25" in html
+    # A job that failed before it had a result: the page shows the error and no outcome.
+    failed_run = post_run(synthetic_run("healthy", steps=40, seed=8), "prod-failed")
+    failed = _job(ui_client, auth, failed_run)
+
+    def failing(job, ctx):
+        raise RuntimeError("model_uri '/models/qwen3': no such directory on this worker\n(and a second line)")
+
+    assert run_worker(database, executor=failing, settings=Settings(database_url="sqlite://"), once=True) == 1
+    html = ui_client.get(f"/jobs/{failed}").text
+    assert 'id="job-error"' in html and "(and a second line)" in html and 'id="job-result"' not in html
     assert ui_client.get("/jobs/999999").status_code == 404
     assert "Job 999999 not found" in ui_client.get("/jobs/999999").text
     assert ui_client.get(f"/jobs/{2**40}").status_code == 404  # beyond any id: not found, not 500
