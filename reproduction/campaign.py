@@ -378,6 +378,11 @@ class CampaignBackend(Protocol):
             inputs: Sequence[JobInput]) -> Iterator[tuple[int, JobOutput | BaseException]]: ...
 
 
+#: What a job's own failure raises (recorded on the job, retried on the next run); anything else is
+#: the driver's failure and stops the campaign.
+JOB_FAILURES: tuple[type[BaseException], ...] = (ReproductionError, RuntimeError, ValueError)
+
+
 class InProcessBackend:
     """One job after the other in this process (the CPU default: each job uses the engine's threads)."""
 
@@ -387,7 +392,7 @@ class InProcessBackend:
         for i, inp in enumerate(inputs):
             try:
                 yield i, fn(inp)
-            except (ReproductionError, RuntimeError, ValueError) as exc:  # a job's failure, not the driver's
+            except JOB_FAILURES as exc:
                 yield i, exc
 
 
@@ -427,7 +432,7 @@ class ProcessPoolBackend:
                     exc = fut.exception()
                     # A broken pool (a killed worker) is the driver's failure, not the job's.
                     if isinstance(exc, BrokenProcessPool) or (
-                            exc is not None and not isinstance(exc, (ReproductionError, RuntimeError, ValueError))):
+                            exc is not None and not isinstance(exc, JOB_FAILURES)):
                         raise exc
                     yield i, exc if exc is not None else fut.result()
         finally:

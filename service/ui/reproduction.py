@@ -33,13 +33,14 @@ def _read_trace(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def reproduction_overlay(jobs: Iterable, run_metrics: Sequence[str], *, framework: str | None, data_dir: Path,
+def reproduction_overlay(jobs: Iterable, run_metrics: Mapping[str, str], *, framework: str | None, data_dir: Path,
                          canonical_of: Callable[[Sequence[str]], Mapping[str, str]]) -> ReproductionOverlay | None:
     """The newest job's checked reproduction as series keyed by the run's metric names.
 
-    ``canonical_of(names)`` maps names to canonical ones (the project's aliases, for the run's
-    framework), so that a reproduction metric meets the run's metric of the same meaning even where
-    the names differ. None when no job holds a readable reproduction trace.
+    ``run_metrics``: the run's metric names -> their canonical names (the page has them already).
+    ``canonical_of(names)`` maps the reproduction's names the same way (the project's aliases, for
+    the run's framework), so that a reproduction metric meets the run's metric of the same meaning
+    even where the names differ. None when no job holds a readable reproduction trace.
     """
     root = Path(data_dir).resolve()
     for job in jobs:  # newest first
@@ -60,10 +61,9 @@ def reproduction_overlay(jobs: Iterable, run_metrics: Sequence[str], *, framewor
         names = sorted({k for r in records for k in r["values"]})
         theirs = canonical_of(names)
         by_canonical = {theirs.get(n, n): n for n in names}
-        ours = canonical_of(list(run_metrics))
         series = {}
-        for metric in run_metrics:
-            source = metric if metric in names else by_canonical.get(ours.get(metric, metric))
+        for metric, canonical in run_metrics.items():
+            source = metric if metric in names else by_canonical.get(canonical)
             if source is None:
                 continue
             # Finite points only, as the run's own line (its NaN markers are the run's).

@@ -216,7 +216,7 @@ def _figures(session, run, result, jobs=(), data_dir=None) -> tuple[list[plots.M
     overlay = None
     if jobs and data_dir is not None:
         overlay = reproduction_overlay(
-            jobs, list(series), framework=run.framework, data_dir=data_dir,
+            jobs, canonical_of, framework=run.framework, data_dir=data_dir,
             canonical_of=lambda names: aliases.canonical_names(session, run.project_id, run.framework, names),
         )
     details = result.details if result is not None else {}
@@ -259,7 +259,7 @@ def run_page(request: Request, run_id: int, session: SessionDep) -> Response:
         return _to_login(request)
     found = queries.get_run(session, run_id, project_id=viewer.project_id)
     if found is None:
-        return _not_found(request, viewer, run_id)
+        return _not_found(request, viewer, f"Run {run_id}")
     return _render_run(request, session, viewer, *found)
 
 
@@ -299,11 +299,9 @@ def _render_run(request: Request, session, viewer: auth.Viewer, run, project: st
     )
 
 
-def _not_found(request: Request, viewer: auth.Viewer, run_id: int) -> Response:
-    # Another project's run is "not found" too: the page does not tell it exists.
-    return templates.TemplateResponse(
-        request, "not_found.html", {"what": f"Run {run_id}", "viewer": viewer}, status_code=404
-    )
+def _not_found(request: Request, viewer: auth.Viewer, what: str) -> Response:
+    # Another project's run or job is "not found" too: the page does not tell it exists.
+    return templates.TemplateResponse(request, "not_found.html", {"what": what, "viewer": viewer}, status_code=404)
 
 
 @router.post("/runs/{run_id}/evaluate")
@@ -315,7 +313,7 @@ def evaluate_page(request: Request, run_id: int, session: SessionDep) -> Respons
         return JSONResponse({"detail": "cross-site request refused"}, status_code=403)
     found = queries.get_run(session, run_id, project_id=viewer.project_id)
     if found is None:
-        return _not_found(request, viewer, run_id)
+        return _not_found(request, viewer, f"Run {run_id}")
     try:
         evaluate_run(session, found[0], get_engine(request.app), request.app.state.settings)
     except LibraryUnavailable as exc:
@@ -361,9 +359,7 @@ def job_page(request: Request, job_id: int, session: SessionDep) -> Response:
         return _to_login(request)
     job = queries.get_job(session, job_id, project_id=viewer.project_id)
     if job is None:
-        return templates.TemplateResponse(
-            request, "not_found.html", {"what": f"Job {job_id}", "viewer": viewer}, status_code=404
-        )
+        return _not_found(request, viewer, f"Job {job_id}")
     return templates.TemplateResponse(request, "job.html", {"job": job, "j": job.row, "viewer": viewer})
 
 
