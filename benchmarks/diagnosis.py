@@ -158,9 +158,11 @@ def export_set(campaign_dir: Path, target: Path, set_name: str) -> Path:
 
 def _readme(set_name: str, manifest: Mapping[str, Any], n: int) -> str:
     model = manifest.get("model", {})
+    # The path relative to the checkout, so the frozen README reads the same on every clone.
+    model_path = os.path.relpath(model["path"], ROOT) if "path" in model else "?"
     return (f"# {set_name}\n\n"
             f"{n} in-engine held-out runs made by `benchmarks/diagnosis.py` (stages heldout, export) on "
-            f"`{model.get('path', '?')}`: healthy seeds {', '.join(map(str, HEALTHY_SEEDS))} and every "
+            f"`{model_path}`: healthy seeds {', '.join(map(str, HEALTHY_SEEDS))} and every "
             f"campaign-v2 variant once at seed {HELDOUT_SEED}, magnitude x{MAGNITUDE_FACTOR} where a variant "
             f"takes one, code bugs alternately at onset 0 and mid-run, {STEPS} steps. Each run is written in "
             "one framework's view (verl, TRL, OpenRLHF in turn). `labels.json` holds the class, variant, onset "
