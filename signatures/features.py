@@ -87,6 +87,10 @@ class MetricSignature:
     freeze_index: int | None = None  # from here to the end the metric is constant (and was not before)
     freeze_step: int | None = None
     freeze_value: float | None = None
+    #: Sign of a significant trend however small against the noise: a small-batch GRPO run's reward
+    #: rises steadily (p ~ 1e-6) but by only ~2 noise widths over 120 steps, below ``min_effect``,
+    #: so its ``trend`` is 0 although the run plainly learns.
+    drift: Sign = 0
 
     @property
     def event_index(self) -> int | None:
@@ -441,7 +445,8 @@ def _sign(v: float) -> Sign:
 def _finalise(run: CanonicalRun, series: CanonicalSeries, r: _Raw, onset_p: float, trend_p: float,
               params: SignatureParams) -> MetricSignature:
     onset_ok = r.onset_index is not None and onset_p < params.alpha
-    trend = _sign(r.trend_slope) if (trend_p < params.alpha and r.trend_effect >= params.min_effect) else 0
+    drift = _sign(r.trend_slope) if trend_p < params.alpha else 0
+    trend = drift if r.trend_effect >= params.min_effect else 0
     if onset_ok:
         direction = _sign(r.effect_z) if abs(r.effect_z) >= params.min_effect else 0
         onset_index = r.onset_index
@@ -478,6 +483,7 @@ def _finalise(run: CanonicalRun, series: CanonicalSeries, r: _Raw, onset_p: floa
         freeze_index=freeze,
         freeze_step=None if freeze is None else int(run.steps[freeze]),
         freeze_value=None if freeze is None else float(series.values[-1]),
+        drift=drift,
     )
 
 

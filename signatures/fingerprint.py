@@ -57,12 +57,13 @@ class MetricExpectation:
     traces: tuple[tuple[float, ...], ...] = ()  # effect traces, trace_pre points before the onset
     log10_volatility: float | None = None  # median log10(post/pre spread) around the fault onset
     freeze_rate: float = 0.0  # share of runs where it stopped moving (ppo_kl exactly 0 once updates stop)
+    drift: int = 0  # sign of a significant trend, however small, that every run shows (a slow healthy rise)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}")
-        if self.direction not in (-1, 0, 1) or self.trend not in (-1, 0, 1):
-            raise ValueError("direction and trend must be -1, 0 or 1")
+        if any(v not in (-1, 0, 1) for v in (self.direction, self.trend, self.drift)):
+            raise ValueError("direction, trend and drift must be -1, 0 or 1")
 
     @property
     def affected(self) -> bool:
@@ -428,9 +429,10 @@ class _Validator:
         direction = self.get(d, "direction", path, int)
         if direction not in (-1, 0, 1):
             raise InvalidLibrary(f"{path}.direction", "must be -1, 0 or 1")
-        trend = d.get("trend", 0)
-        if isinstance(trend, bool) or trend not in (-1, 0, 1):
-            raise InvalidLibrary(f"{path}.trend", "must be -1, 0 or 1")
+        trend, drift = (d.get(key, 0) for key in ("trend", "drift"))
+        for key, val in (("trend", trend), ("drift", drift)):
+            if isinstance(val, bool) or val not in (-1, 0, 1):
+                raise InvalidLibrary(f"{path}.{key}", "must be -1, 0 or 1")
         agreement = self.number(d.get("agreement", 1.0), f"{path}.agreement", lo=0.0, hi=1.0)
         lag = d.get("onset_lag")
         if lag is not None:
@@ -456,7 +458,7 @@ class _Validator:
             vol = self.number(vol, f"{path}.log10_volatility", lo=-3.0, hi=3.0)
         freeze = self.number(d.get("freeze_rate", 0.0), f"{path}.freeze_rate", lo=0.0, hi=1.0)
         return MetricExpectation(source, role, direction, agreement, trend, lag, spread, ratio, effect,
-                                 nfr, tuple(traces), vol, freeze)
+                                 nfr, tuple(traces), vol, freeze, drift)
 
     # -- primitives
 

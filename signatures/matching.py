@@ -390,8 +390,9 @@ def direction_part(c: MetricContext) -> Part:
         score = 1.0 if ms.direction == exp.direction else (missed if ms.direction == 0 else 0.0)
         return Part(w.direction_affected if exp.affected else w.direction_unaffected, score)
     # A change along the trend the fingerprint's runs show is no surprise: a healthy KL that grows
-    # steadily has a significant rise in some runs and only a trend in others.
-    along_trend = ms.direction != 0 and ms.direction == exp.trend
+    # steadily has a significant rise in some runs and only a trend in others, and a reward that
+    # rises by many noise widths in a large-batch run only drifts up in small-batch proxy runs.
+    along_trend = ms.direction != 0 and ms.direction in (exp.trend, exp.drift)
     score = 1.0 if ms.direction == 0 or along_trend else w.direction_surprise_score
     if ms.direction != 0 and not along_trend:
         weight = w.surprise_change
@@ -450,6 +451,10 @@ def timing_part(c: MetricContext) -> Part | None:
 def trend_part(c: MetricContext) -> Part | None:
     """Post-onset trend of an affected metric (a frozen KL vs a growing one)."""
     run, expected = c.ms.trend, c.exp.trend
+    if expected == 0 and c.exp.drift != 0:
+        # The fingerprint's runs only drift (a significant trend too small to gate): compare the
+        # run's drift, or a learning run would score as if its rise were unexpected.
+        run, expected = c.ms.drift, c.exp.drift
     if not c.exp.affected or (expected == 0 and run == 0):
         return None
     score = 1.0 if run == expected else (c.w.trend_one_flat_score if 0 in (run, expected) else 0.0)

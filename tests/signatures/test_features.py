@@ -51,6 +51,22 @@ def test_trend_sign(slope, sign):
     assert np.sign(m.trend_slope) == sign
 
 
+def test_a_slow_significant_rise_drifts_without_a_gated_trend():
+    # A small-batch GRPO reward: it rises steadily by about two noise widths over the run, far
+    # below the effect-size gate of ``trend`` but beyond any doubt.
+    n = 120
+    rng = np.random.default_rng(7)
+    x = 0.5 + (0.5 / (n - 1)) * np.arange(n) + 0.25 * rng.normal(size=n)
+    m = _sig({"x": x}).metrics["x"]
+    assert m.trend_p < 1e-3
+    assert m.drift == 1 and m.trend == 0
+
+
+def test_noise_does_not_drift():
+    m = _sig({"x": 0.5 + 0.25 * np.random.default_rng(8).normal(size=120)}).metrics["x"]
+    assert m.drift == 0
+
+
 def test_falling_step():
     x = np.r_[np.full(30, 0.99), np.full(30, 0.9)] + 0.001 * _ar(5, 60)
     m = _sig({"x": x}).metrics["x"]

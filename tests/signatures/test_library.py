@@ -70,7 +70,8 @@ def test_validation_names_the_bad_field(synthetic_library, mutate, path):
 @pytest.mark.parametrize(
     ("field", "value", "suffix"),
     [("direction", 2, "direction"), ("role", "maybe", "role"), ("nonfinite_rate", 1.5, "nonfinite_rate"),
-     ("traces", [[0.1, "x"]], "traces[0][1]"), ("traces", "abc", "traces"), ("source", 3, "source")],
+     ("traces", [[0.1, "x"]], "traces[0][1]"), ("traces", "abc", "traces"), ("source", 3, "source"),
+     ("drift", 2, "drift"), ("drift", True, "drift")],
 )
 def test_validation_names_the_bad_metric_field(synthetic_library, field, value, suffix):
     doc = _doc(synthetic_library)

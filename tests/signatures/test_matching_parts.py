@@ -62,7 +62,7 @@ def _direct_score(sig, fp) -> float:
             s = 1.0 if ms.direction == exp.direction else (
                 (0.25 + 0.75 * (1.0 - exp.agreement)) if ms.direction == 0 else 0.0)
             terms.append((1.0 if exp.affected else 0.1, s))
-        elif ms.direction != 0 and ms.direction != exp.trend:  # a change along the expected trend is none
+        elif ms.direction != 0 and ms.direction not in (exp.trend, exp.drift):  # along the expected trend is none
             terms.append((1.0, 0.15))
         else:
             terms.append((0.2 if exp.affected else 0.1, 1.0))
@@ -90,8 +90,10 @@ def _direct_score(sig, fp) -> float:
                 else:
                     tau = max(2.0, 2.0 * exp.onset_lag_spread)
                     terms.append((0.5, math.exp(-abs(ms.event_index - onset - exp.onset_lag) / tau)))
-        if exp.affected and (exp.trend or ms.trend):
-            terms.append((0.5, 1.0 if ms.trend == exp.trend else (0.3 if 0 in (ms.trend, exp.trend) else 0.0)))
+        # a fingerprint whose runs only drift compares the run's drift
+        run_t, exp_t = (ms.drift, exp.drift) if exp.trend == 0 and exp.drift != 0 else (ms.trend, exp.trend)
+        if exp.affected and (exp_t or run_t):
+            terms.append((0.5, 1.0 if run_t == exp_t else (0.3 if 0 in (run_t, exp_t) else 0.0)))
         if exp.affected and exp.log10_volatility is not None and onset is not None:
             vol = sig.volatility(name, onset)
             if vol is not None:
