@@ -71,11 +71,11 @@ class MetricExpectation:
 
     @property
     def flat(self) -> bool:
-        """The fingerprint's runs show no change in this metric at all: no direction, no trend, no
-        freeze, no non-finite value, its spread unchanged. An affected metric can be flat (the fault
+        """The fingerprint's runs show no change in this metric at all: no direction, no trend or
+        drift, no freeze, no non-finite value, its spread unchanged. An affected metric can be flat (the fault
         took away the rise its twins show); its effect trace is then noise, whose shape and change
         points mean nothing."""
-        return (self.direction == 0 and self.trend == 0 and self.freeze_rate < 0.5
+        return (self.direction == 0 and self.trend == 0 and self.drift == 0 and self.freeze_rate < 0.5
                 and self.nonfinite_rate < 0.5
                 and (self.log10_volatility is None or abs(self.log10_volatility) < FLAT_VOLATILITY))
 
