@@ -4,8 +4,8 @@
 
 The figure is points / wall seconds of the ``moeproxy import`` process, as a user runs it (reading
 the event file, posting the missing points, reading the run back to verify). To say where the
-time goes, the same directory is then read alone in this process (``read_source``: tensorboard's
-EventAccumulator), and the upload alone is the difference. Prints one JSON object and writes
+time goes, the same directory is then read alone in this process (``read_source``), and the
+upload alone is the difference. Prints one JSON object and writes
 ``benchmarks/results/import_tensorboard.json``. Run it niced on a shared machine:
 
     nice -n 19 python benchmarks/import_tensorboard.py

@@ -14,6 +14,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "ml": ("torch", "transformers", "safetensors", "kmedoids", "accelerate", "tokenizers"),
     "npu": ("torch_npu",),
     "ray": ("ray",),
+    "tensorboard": ("tensorboard", "google_crc32c"),
 }
 
 

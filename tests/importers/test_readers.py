@@ -110,6 +110,108 @@ def test_tensorboard_folder_from_summary_writer(tmp_path):
         read_source(tmp_path / "runs")
 
 
+def _accumulated(folder) -> dict:
+    """The same folder through tensorboard's EventAccumulator: the reference the reader must equal."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(str(folder), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+    acc.Reload()
+    out: dict = {}
+    for tag in acc.Tags()["scalars"]:
+        for e in acc.Scalars(tag):
+            out.setdefault(e.step, {})[tag] = e.value
+    return out
+
+
+def test_tensorboard_reader_equals_event_accumulator_across_a_restart(tmp_path):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("torch")
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "run"))
+    for step in range(50):
+        writer.add_scalar("actor/kl_loss", float("nan") if step == 3 else step / 8, step)
+        writer.add_scalar("critic/score/mean", -step / 4, step)
+        if step % 10 == 0:
+            writer.add_histogram("actor/logits", np.array([1.0, 2.0, step]), step)  # not a scalar
+    # The job restarted from its step-30 checkpoint: what it wrote at 30-49 before is orphaned.
+    writer._get_file_writer().add_event(Event(step=30, session_log=SessionLog(status=SessionLog.START)))
+    for step in range(30, 40):
+        writer.add_scalar("actor/kl_loss", 100.0 + step, step)
+    writer.close()
+    got = _as_dict(read_source(tmp_path / "run"))
+    assert _nan_as_none(got) == _nan_as_none(_accumulated(tmp_path / "run"))
+    assert sorted(got) == list(range(40)) and got[35] == {"actor/kl_loss": 135.0}
+    assert got[29]["critic/score/mean"] == -29 / 4
+
+
+def test_tensorboard_old_file_version_purges_by_tag_when_a_step_goes_back(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    folder = tmp_path / "old"
+    folder.mkdir()
+    with (folder / "events.out.tfevents.1.host").open("wb") as fh:
+        records = RecordWriter(fh)
+        records.write(Event(file_version="brain.Event:1").SerializeToString())
+        for step, tag in [(s, t) for s in range(10) for t in ("a", "b")] + [(5, "a"), (6, "a")]:
+            value = Summary.Value(tag=tag, simple_value=float(step * 10 + (tag == "b")))
+            records.write(Event(step=step, summary=Summary(value=[value])).SerializeToString())
+    got = _as_dict(read_source(folder))
+    assert got == _accumulated(folder)
+    assert sorted(s for s in got if "a" in got[s]) == list(range(7))  # a's 7-9 purged
+    assert sorted(s for s in got if "b" in got[s]) == list(range(10))  # b untouched
+
+
+def test_tensorboard_scalar_tensors_from_tensorboards_own_writer(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.summary import Writer
+
+    writer = Writer(str(tmp_path / "tf2"))
+    for step in range(6):
+        writer.add_scalar("train/reward", step * 0.25, step)
+    writer.close()
+    assert _as_dict(read_source(tmp_path / "tf2")) == {s: {"train/reward": s * 0.25} for s in range(6)}
+
+
+def test_tensorboard_file_being_written_and_a_damaged_file(tmp_path):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("torch")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "live"))
+    for step in range(20):
+        writer.add_scalar("loss", step / 2, step)
+    writer.close()
+    [path] = list((tmp_path / "live").iterdir())
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-7])  # the last record only partly on disk: a writer mid-flush
+    assert sorted(_as_dict(read_source(path))) == list(range(19))
+    damaged = bytearray(whole)
+    damaged[len(whole) // 2] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(InvalidSource, match="damaged event file .*checksum at byte"):
+        read_source(path)
+
+
+def test_tensorboard_checksums_equal_tensorboards_own(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as naive_crc32c
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as naive_masked
+
+    from moeproxy.importers.tensorboard import _crc32c, masked_crc32c
+
+    fast = _crc32c()
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 8, 13, 1000):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert fast(data) == naive_crc32c(data)
+        assert masked_crc32c(fast(data)) == naive_masked(data)
+
+
 def test_mlflow_file_store_run_through_the_client(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the writer's side; the reader sets it itself
