@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import orjson
 
 from moeproxy.client import MetricsClient
 from moeproxy.importers import ImportedRun, detect_framework
@@ -40,16 +41,22 @@ class ImportReport:
     points_sent: int
 
 
-def _checked(response: httpx.Response, what: str) -> dict:
+def _checked_status(response: httpx.Response, what: str) -> None:
     if response.status_code >= 400:
         raise ImportFailed(f"{what}: HTTP {response.status_code} {response.text[:200]}")
+
+
+def _checked(response: httpx.Response, what: str) -> dict:
+    _checked_status(response, what)
     return response.json()
 
 
 def stored_points(http: httpx.Client, run_id: int) -> set[tuple[str, int]]:
     """(metric, step) pairs the service holds for the run."""
-    body = _checked(http.get(f"/api/v1/runs/{run_id}/metrics"), f"reading run {run_id}")
-    return {(name, int(step)) for name, series in body["metrics"].items() for step in series["steps"]}
+    response = http.get(f"/api/v1/runs/{run_id}/metrics")
+    _checked_status(response, f"reading run {run_id}")
+    body = orjson.loads(response.content)  # a whole run: orjson parses it ~4x faster than json
+    return {(name, step) for name, series in body["metrics"].items() for step in series["steps"]}
 
 
 def _open_run(http: httpx.Client, run_name: str, framework: str | None, project: str | None) -> int:
@@ -88,7 +95,7 @@ def _send(steps: list[tuple[int, dict[str, float]]], *, url: str, token: str, na
     # import, so nothing is left behind for a later MetricsClient to replay.
     with tempfile.TemporaryDirectory(prefix="moeproxy-import-") as spool:
         spill = Path(spool) / "spill.jsonl"
-        client = MetricsClient(url, token, name, framework=framework, batch_steps=1000,
+        client = MetricsClient(url, token, name, framework=framework, batch_steps=5000,
                                spill_path=spill, close_timeout_s=timeout_s, register_atexit=False)
         for step, values in steps:
             client.log(step, values)
