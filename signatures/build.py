@@ -306,10 +306,16 @@ def _is_affected(m: str, sigs: Sequence[RunSignature], twins: Sequence[RunSignat
         # No change where the twins show one, or a different trend than theirs: the fault took
         # away a healthy run's dynamics (a reward that never rises, a KL that never grows). With
         # a fault present from step 0 this is often all that separates it from a healthy run.
+        # With small batches a learning twin often only drifts (a significant trend below the
+        # trend gate): a fault whose runs do not drift with it (no update, a constant reward) took
+        # that learning away, which is all an onset-0 fault of that kind shows.
         trend, trend_share = _majority([s.metrics[m].trend for s in sigs if m in s.metrics])
         twin_trend, twin_trend_share = _majority([t.metrics[m].trend for t in twins if m in t.metrics])
-        return (twin_dir != 0 and twin_share > 0.5) or (
-            trend_share > 0.5 and twin_trend_share > 0.5 and trend != twin_trend)
+        twin_drift = _unanimous([t.metrics[m].drift for t in twins if m in t.metrics])
+        follows = np.mean([s.metrics[m].drift == twin_drift for s in sigs if m in s.metrics]) > 0.5
+        return ((twin_dir != 0 and twin_share > 0.5)
+                or (trend_share > 0.5 and twin_trend_share > 0.5 and trend != twin_trend)
+                or (twin_drift != 0 and not follows))
     if twin_dir != direction:
         return True
     # Same direction as the twins: affected when the fault makes the change 3x larger or smaller

@@ -120,10 +120,14 @@ class Fingerprint:
         whose only evidence is settings and metrics that do not move is taken as not separable: it
         expects what any quiet healthy run shows (the 40-step KL sign flip of the first library
         matched a healthy run at 1.00)."""
+        if self.fault_class == "healthy":
+            return True if self.separation is None else self.separation >= MIN_SEPARATION
+        if not any(e.affected for m, e in self.metrics.items() if m not in CONTROL_METRICS):
+            # Nothing it expects differs from a quiet run: any run that logs little matches it
+            # fully (score 1.0 with no evidence), whatever its twins scored when it was built.
+            return False
         if self.separation is not None:
             return self.separation >= MIN_SEPARATION
-        if self.fault_class == "healthy":
-            return True
         return any(e.affected and not e.flat for m, e in self.metrics.items() if m not in CONTROL_METRICS)
 
     def to_dict(self) -> dict[str, Any]:

@@ -451,9 +451,11 @@ def timing_part(c: MetricContext) -> Part | None:
 def trend_part(c: MetricContext) -> Part | None:
     """Post-onset trend of an affected metric (a frozen KL vs a growing one)."""
     run, expected = c.ms.trend, c.exp.trend
-    if expected == 0 and c.exp.drift != 0:
-        # The fingerprint's runs only drift (a significant trend too small to gate): compare the
-        # run's drift, or a learning run would score as if its rise were unexpected.
+    if expected == 0:
+        # Where the fingerprint's runs show no trend, compare drifts (significant trends too small
+        # to gate): a healthy fingerprint's reward only drifts up in small-batch runs, and a fault
+        # that takes the learning away leaves its runs without the drift their twins show; with
+        # trends alone a learning run would look like either.
         run, expected = c.ms.drift, c.exp.drift
     if not c.exp.affected or (expected == 0 and run == 0):
         return None

@@ -84,3 +84,29 @@ def test_a_run_that_unlearns_is_a_surprise(healthy):
     assert matches[REWARD].direction_score == WEIGHTS.direction_surprise_score
     learning = score_fingerprint(run_signature(canonicalise(_learning_run(10, noise=0.1))), healthy)
     assert score_fingerprint(sig, healthy).score < learning.score
+
+
+def _frozen_run(seed: int) -> RunMetrics:
+    """A fault from step 0 that takes the learning away (no update is applied): flat, noisy."""
+    arrays = _learning_arrays(seed, noise=0.5)
+    rng = np.random.default_rng(100 + seed)
+    arrays[LOGGED[REWARD]] = 0.5 + 0.25 * rng.normal(size=STEPS)
+    arrays[LOGGED[ENTROPY]] = 0.3 + 0.05 * rng.normal(size=STEPS)
+    arrays[LOGGED[KL]] = 0.01 + 0.025 * rng.normal(size=STEPS)
+    return RunMetrics.from_arrays(arrays, framework="verl", name=f"frozen-{seed}")
+
+
+def test_a_fault_that_takes_a_drifting_learning_away_is_affected_and_separates(healthy):
+    twins = [_learning_run(s, noise=0.5) for s in range(3)]
+    fp = build_fingerprint("actor_update_omission", [_frozen_run(s) for s in range(3)], twins,
+                           params={"onset": 0}, fingerprint_id="omission/onset=0")
+    for name in (REWARD, ENTROPY, KL):
+        exp = fp.metrics[name]
+        assert exp.affected and exp.drift == 0 and exp.direction == 0, name
+    assert fp.separable
+    # A held-out learning run: the healthy fingerprint matches it better than the fault does,
+    # and a held-out frozen run the other way round.
+    learning = run_signature(canonicalise(_learning_run(7, noise=0.5)))
+    frozen = run_signature(canonicalise(_frozen_run(7)))
+    assert score_fingerprint(learning, healthy).score > score_fingerprint(learning, fp).score
+    assert score_fingerprint(frozen, fp).score > score_fingerprint(frozen, healthy).score

@@ -71,7 +71,7 @@ def _direct_score(sig, fp) -> float:
         if exp.freeze_rate >= 0.5 or ms.frozen:
             terms.append((1.5, exp.freeze_rate if ms.frozen else 1.0 - exp.freeze_rate))
         # shape and timing leave out a metric the fingerprint's runs show no change in at all
-        flat = (exp.direction == 0 and exp.trend == 0 and exp.freeze_rate < 0.5 and exp.nonfinite_rate < 0.5
+        flat = (exp.direction == 0 and exp.trend == 0 and exp.drift == 0 and exp.freeze_rate < 0.5 and exp.nonfinite_rate < 0.5
                 and (exp.log10_volatility is None or abs(exp.log10_volatility) < 0.7))
         shaped = exp.affected and fp.aligned and not flat
         if shaped and onset is None and exp.traces:
@@ -90,8 +90,8 @@ def _direct_score(sig, fp) -> float:
                 else:
                     tau = max(2.0, 2.0 * exp.onset_lag_spread)
                     terms.append((0.5, math.exp(-abs(ms.event_index - onset - exp.onset_lag) / tau)))
-        # a fingerprint whose runs only drift compares the run's drift
-        run_t, exp_t = (ms.drift, exp.drift) if exp.trend == 0 and exp.drift != 0 else (ms.trend, exp.trend)
+        # where the fingerprint's runs show no trend, the drifts are compared
+        run_t, exp_t = (ms.drift, exp.drift) if exp.trend == 0 else (ms.trend, exp.trend)
         if exp.affected and (exp_t or run_t):
             terms.append((0.5, 1.0 if run_t == exp_t else (0.3 if 0 in (run_t, exp_t) else 0.0)))
         if exp.affected and exp.log10_volatility is not None and onset is not None:
