@@ -25,7 +25,11 @@ from repro_models import cached_warm_tiny
 
 from moeproxy.config import Settings
 
-CLASS = "router_corruption"
+# A class the toy model shows: its runs' rollout/trainer log-probs and KL part from the twins'. Router
+# corruption, the class tried first, barely moves a 4-expert model's metrics in 20 steps (its own
+# fingerprints match the model's healthy runs nearly as well as its fault runs), so a matcher that
+# ranks it first there is matching noise.
+CLASS = "stale_weight_sync"
 STEPS = 20  # onsets drawn in 20-60% of the run need a few steps of baseline before them
 #: The options of repro_models.small_config, as a user would send them with the job.
 ENGINE = {"tasks": ["counting", "brackets"], "max_new_tokens": 4, "lr": 1e-4, "lr_warmup_steps": 1,
@@ -33,12 +37,13 @@ ENGINE = {"tasks": ["counting", "brackets"], "max_new_tokens": 4, "lr": 1e-4, "l
 
 
 def _production_run(model: Path, seed: int) -> list[dict]:
-    """The user's run: the original model with a router corrupted by noise from a mid-run step."""
+    """The user's run: the original model whose rollout weights stop following the actor's for part
+    of the model from a mid-run step."""
     from moeproxy.reproduction.campaign import MID_RUN, CampaignJob, FaultEntry, JobInput, OnsetRule, run_job
     from moeproxy.reproduction.views import project
     from moeproxy.signatures.values import format_value
 
-    job = CampaignJob(FaultEntry(CLASS, "noise", {}, OnsetRule(step=None, within=MID_RUN)), 0, STEPS)
+    job = CampaignJob(FaultEntry(CLASS, "partial", {}, OnsetRule(step=None, within=MID_RUN)), 0, STEPS)
     trace = project(run_job(JobInput(str(model), ENGINE, job.fault(), seed, STEPS)).trace, "verl")
     return [{"step": r["step"], "values": {k: format_value(v) for k, v in r["values"].items()}} for r in trace]
 
