@@ -130,6 +130,17 @@ class Fingerprint:
             return self.separation >= MIN_SEPARATION
         return any(e.affected and not e.flat for m, e in self.metrics.items() if m not in CONTROL_METRICS)
 
+    @property
+    def flat_only(self) -> bool:
+        """A fault fingerprint whose every affected metric is flat (``MetricExpectation.flat``): the
+        fault only took away a drift its twins show (an update skipped from step 0, a constant
+        reward). A lone run shows that only as "no drift", which a healthy run that learns slowly
+        shows too, so such a fingerprint matches any quiet run at 1.00; the matcher counts it only
+        beside a whole-run finding for its class (``matching.triage``)."""
+        if self.fault_class == "healthy":
+            return False
+        return all(e.flat for m, e in self.metrics.items() if e.affected and m not in CONTROL_METRICS)
+
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["params"] = dict(self.params)

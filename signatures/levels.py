@@ -38,6 +38,9 @@ SOURCES: dict[str, str] = {
     "grpo-advantage": "GRPO's advantage is the reward minus its group's mean (DeepSeekMath, arXiv:2402.03300, "
                       "section 4.1): a group whose rewards all tie has advantage 0 and no gradient; TRL logs the "
                       "share of such groups as frac_reward_zero_std",
+    "kl-definition": "KL(pi || pi_ref) is 0 exactly when the policy is the reference (the definition): every RL run "
+                     "starts at its reference, so a KL that never moves from its first value means no update "
+                     "reached the policy",
     "kl-range": "chosen: a per-token KL to the reference above 1 nat; the healthy GRPO/PPO runs of the public "
                 "reports log values between 1e-3 and 1e-1",
 }
@@ -319,6 +322,37 @@ def _kl_runaway(run: CanonicalRun) -> list[Finding]:
                         f"{s.source} median {level:.3g} over the second half, above {KL_EXTREME}: the policy has "
                         "left the reference", "kl-range")]
     return []
+
+
+#: How still the KL to the reference must be over the whole run to say the policy never moved: its
+#: spread within this (absolute, nats; a no-update run of the engine logs |KL| below 2e-8 from
+#: fp32 round-off, a learning one reaches 1e-4 within a few steps) or within ``KL_STILL_REL`` of
+#: its level (a logged value that never changes). Steps needed, so a short run's slow start is not it.
+KL_STILL_ABS = 1e-6
+KL_STILL_REL = 1e-5
+KL_STILL_STEPS = 20
+
+
+@rule("kl_never_moves")
+def _kl_never_moves(run: CanonicalRun) -> list[Finding]:
+    """The KL to the reference stays where it started for the whole run: no update reached the policy
+    (every step skipped or dropped from step 0), which a fault present from step 0 shows in no other
+    way a lone run can read. A KL logged as exactly 0 throughout is a KL that is not computed (no KL
+    term), not a policy that never moved, and says nothing."""
+    got = _values(run, "kl", KL_STILL_STEPS)
+    if got is None:
+        return []
+    s, v = got
+    if not np.any(v):
+        return []
+    spread = float(np.ptp(v))
+    level = float(np.median(np.abs(v)))
+    if spread > max(KL_STILL_ABS, KL_STILL_REL * level):
+        return []
+    return [Finding("kl_never_moves", "kl", s.source, spread, KL_STILL_ABS, ("actor_update_omission",),
+                    f"{s.source} stays within {spread:.2g} of one value for all {v.size} steps (level "
+                    f"{level:.2g}): the policy never left its starting point, so no update reached it",
+                    "kl-definition")]
 
 
 #: A share of responses cut at the maximum length that a healthy run does not hold for long.

@@ -82,6 +82,9 @@ class Weights:
     evidence_mass: float = 4.0  # what the fingerprint comparison weighs against the findings
     finding_weights: Mapping[str, float] = field(default_factory=lambda: dict(FINDING_WEIGHTS))
     finding_default: float = 1.0  # a rule without an entry in finding_weights
+    flat_only_finding_weight: float = 2.0  # a flat-only fingerprint counts beside a finding for its
+    # class of at least this weight (a definition or a documented range, not a trend a slow healthy
+    # run misses too)
 
 
 #: How much each whole-run rule weighs (in units of one fingerprint-score mass of ``evidence_mass``):
@@ -90,6 +93,7 @@ class Weights:
 FINDING_WEIGHTS: dict[str, float] = {
     "nonfinite": 4.0,
     "grad_norm_zero": 4.0,
+    "kl_never_moves": 4.0,
     "no_reward_signal": 3.0,
     "lr_level": 3.0,
     "rollout_mismatch_level": 2.0,
@@ -210,17 +214,23 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
     fingerprint score, combined with the run's whole-run findings, judged against the threshold of
     the calibrated metric set nearest to what the run logs."""
     sig = _signature(run, library, framework, aliases)
+    findings = tuple(whole_run_evidence(sig.run))
+    # Classes a definitional or documented-range finding of this run supports: a flat-only
+    # fingerprint (it expects only the absence of its twins' drift) is evidence beside one of them
+    # (a KL that never moves, tied rewards from step 0) and matches any quiet run without.
+    shown = {c for f in findings if weights.finding_weights.get(f.rule, weights.finding_default)
+             >= weights.flat_only_finding_weight for c in f.supports}
     by_class: dict[str, FingerprintScore] = {}
     for fp in library.fingerprints:
         s = score_fingerprint(sig, fp, library, weights)
-        if not fp.separable:
-            # Its own healthy twins match it as well as its fault runs: it keeps its class on the
-            # list (whole-run findings may still name it) but adds no score of its own.
+        if not fp.separable or (fp.flat_only and fp.fault_class not in shown):
+            # Its own healthy twins match it as well as its fault runs, or it expects what any
+            # quiet run shows: it keeps its class on the list (whole-run findings may still name
+            # it) but adds no score of its own.
             s = FingerprintScore(fp, 0.0, s.matches, s.onset_index, s.coverage)
         best = by_class.get(fp.fault_class)
         if best is None or s.score > best.score:
             by_class[fp.fault_class] = s
-    findings = tuple(whole_run_evidence(sig.run))
     view, thr = library.calibration.threshold_for(set(sig.metrics) & library_metrics(library))
     scored = [_candidate(sig, s, thr, weights, findings) for s in by_class.values()]
     candidates = tuple(sorted(scored, key=lambda c: (-c.score, c.fault_class)))

@@ -24,6 +24,8 @@ from .conftest import CLASSES
 # The weights of the parts (the docs' "weight" column); the other fields are constants inside parts.
 #: The weights of the whole-run findings (applied by matching.with_findings, tested below).
 FINDING_FIELDS = ("evidence_mass", "finding_weights", "finding_default")
+#: Read by triage, not by score_fingerprint (tests/signatures/test_flat_only.py moves it).
+TRIAGE_FIELDS = ("flat_only_finding_weight",)
 PART_WEIGHTS = ("direction_affected", "direction_unaffected", "surprise_change", "shape",
                 "timing", "nonfinite", "freeze", "magnitude", "trend", "volatility", "direction_flat_affected")
 
@@ -168,7 +170,7 @@ def test_every_constant_in_weights_moves_some_score(synthetic_library):
     pairs = [(sig, fp) for sig in _signatures(synthetic_library) for fp in synthetic_library.fingerprints]
     base = [score_fingerprint(sig, fp, synthetic_library).score for sig, fp in pairs]
     for f in fields(WEIGHTS):
-        if f.name in PART_WEIGHTS or f.name in FINDING_FIELDS:
+        if f.name in PART_WEIGHTS or f.name in FINDING_FIELDS or f.name in TRIAGE_FIELDS:
             continue
         v = getattr(WEIGHTS, f.name)
         moved = any(
