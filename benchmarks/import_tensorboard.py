@@ -3,7 +3,8 @@
 ``SummaryWriter``, into a real ``moeproxy serve`` on a scratch SQLite file (the embedded default).
 
 The figure is points / wall seconds of the ``moeproxy import`` process, as a user runs it (reading
-the event file, posting the missing points, reading the run back to verify). To say where the
+the event file, posting the missing points, checking the server's per-metric counts), the median of
+``--repeat`` imports, each into a fresh server and database. To say where the
 time goes, the same directory is then read alone in this process (``read_source``), and the
 upload alone is the difference. Prints one JSON object and writes
 ``benchmarks/results/import_tensorboard.json``. Run it niced on a shared machine:
@@ -18,6 +19,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,37 +86,61 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50_000)
     parser.add_argument("--events", type=Path, default=None,
                         help="Reuse (or write once into) this event directory instead of a scratch one.")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="Imports, each into a fresh server and database; the figure is their median.")
     args = parser.parse_args()
     points = args.tags * args.steps
+    imports, reads = [], []
     with tempfile.TemporaryDirectory(prefix="moeproxy-import-bench-") as scratch:
-        workdir = Path(scratch)
-        events = args.events or workdir / "runs" / "tb-bench"
+        events = args.events or Path(scratch) / "runs" / "tb-bench"
         write_s = None
         if not any(events.glob("events.out.tfevents.*")):
             write_s = write_event_dir(events, args.tags, args.steps)
-        server, url, token = start_server(workdir)
-        try:
-            started = time.perf_counter()
-            done = subprocess.run([MOEPROXY, "import", str(events), "--run-name", "tb-bench", "--url", url,
-                                   "--token", token], capture_output=True, text=True, check=False)
-            import_s = time.perf_counter() - started
-        finally:
-            server.terminate()
-            server.wait(30)
-        if done.returncode != 0:
-            raise SystemExit(f"moeproxy import failed: {done.stderr}")
         from moeproxy.importers import read_source
 
-        started = time.perf_counter()
-        run = read_source(events)
-        read_s = time.perf_counter() - started
-    if run.n_points != points or f"{points} points sent" not in done.stdout:
-        raise SystemExit(f"expected {points} points; read {run.n_points}; import said {done.stdout!r}")
+        for i in range(args.repeat):
+            workdir = Path(scratch) / f"server-{i}"
+            workdir.mkdir()
+            server, url, token = start_server(workdir)
+            try:
+                started = time.perf_counter()
+                done = subprocess.run([MOEPROXY, "import", str(events), "--run-name", "tb-bench", "--url", url,
+                                       "--token", token], capture_output=True, text=True, check=False)
+                imports.append(time.perf_counter() - started)
+            finally:
+                server.terminate()
+                server.wait(30)
+            if done.returncode != 0:
+                raise SystemExit(f"moeproxy import failed: {done.stderr}")
+            if f"{points} points sent" not in done.stdout:
+                raise SystemExit(f"expected {points} points sent; import said {done.stdout!r}")
+            started = time.perf_counter()
+            run = read_source(events)
+            reads.append(time.perf_counter() - started)
+            if run.n_points != points:
+                raise SystemExit(f"expected {points} points; read {run.n_points}")
+        # Side by side (the box's speed drifts by up to 2x within minutes): our reader, then
+        # tensorboard's own EventAccumulator, on the same directory, one right after the other.
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        side = {}
+        for label in ("moeproxy", "event_accumulator", "moeproxy_again"):
+            started = time.perf_counter()
+            if label.startswith("moeproxy"):
+                read_source(events)
+            else:
+                EventAccumulator(str(events), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+            side[label] = time.perf_counter() - started
+    import_s, read_s = statistics.median(imports), statistics.median(reads)
+    ours = (side["moeproxy"] + side["moeproxy_again"]) / 2
     result = {
-        "points": points, "tags": args.tags, "steps": args.steps,
+        "points": points, "tags": args.tags, "steps": args.steps, "repeats": args.repeat,
         "import_wall_s": round(import_s, 2), "points_per_s": round(points / import_s),
+        "import_wall_s_each": [round(x, 2) for x in imports],
         "read_alone_s": round(read_s, 2), "read_points_per_s": round(points / read_s),
         "upload_and_verify_s_estimate": round(import_s - read_s, 2),
+        "read_side_by_side_s": {k: round(v, 2) for k, v in side.items()},
+        "read_speedup_vs_event_accumulator": round(side["event_accumulator"] / ours, 2),
         "summary_writer_s": None if write_s is None else round(write_s, 2),
         "import_output": done.stdout.strip().splitlines(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),

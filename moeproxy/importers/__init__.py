@@ -46,6 +46,9 @@ class Format:
     #: A format of one record a line: the line's record (None for a line that holds none), for
     #: ``moeproxy tail``, which follows a growing file line by line.
     parse_line: Callable[[str, str], Record | None] | None = None
+    #: Its reader yields only Python floats (TensorBoard's scalars): nothing to filter or convert,
+    #: which on a million points is a second saved.
+    floats_only: bool = False
 
 
 FORMATS: dict[str, Format] = {
@@ -68,7 +71,7 @@ FORMATS: dict[str, Format] = {
         Format("mlflow", "MLflow run: mlflow:<tracking-uri>#<run-id>, or a local mlruns folder (needs mlflow)",
                mlflow_run.detect, mlflow_run.read, uri_prefix=mlflow_run.URI_PREFIX, run_name=mlflow_run.run_name),
         Format("tensorboard", "TensorBoard event file or run folder (needs tensorboard)", tensorboard.detect,
-               tensorboard.read),
+               tensorboard.read, floats_only=True),
     )
 }
 
@@ -152,11 +155,15 @@ def read_source(source: Source, format: str | None = None) -> ImportedRun:
 
 
 def _read(path: Source, format: str) -> ImportedRun:
+    fmt = FORMATS[format]
     merged: dict[int, dict[str, float]] = {}
-    for step, values in FORMATS[format].read(path):
+    for step, values in fmt.read(path):
         # A step logged twice (train and eval entries, a resumed job) keeps the later values.
-        merged.setdefault(step, {}).update(numeric_metrics(values))
-    steps = tuple((s, {k: float(v) for k, v in merged[s].items()}) for s in sorted(merged) if merged[s])
+        merged.setdefault(step, {}).update(values if fmt.floats_only else numeric_metrics(values))
+    if fmt.floats_only:
+        steps = tuple((s, merged[s]) for s in sorted(merged) if merged[s])
+    else:
+        steps = tuple((s, {k: float(v) for k, v in merged[s].items()}) for s in sorted(merged) if merged[s])
     name = _run_name(path, format)
-    framework = detect_framework(name for _, values in steps for name in values)
+    framework = detect_framework({name for _, values in steps for name in values})
     return ImportedRun(path, format, name, framework, steps)

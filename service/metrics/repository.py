@@ -153,6 +153,19 @@ def list_metric_names(session: Session, run_id: int) -> list[str]:
     return list(session.scalars(select(MetricName.name).where(MetricName.run_id == run_id).order_by(MetricName.name)))
 
 
+def metric_summaries(session: Session, run_id: int) -> dict[str, tuple[int, int | None]]:
+    """name -> (points held, highest step), every name of the run (a name without points: (0, None)).
+    One grouped query: what ``moeproxy import`` checks an import against without reading it back."""
+    query = (
+        select(MetricName.name, func.count(MetricPoint.step), func.max(MetricPoint.step))
+        .outerjoin(MetricPoint, MetricPoint.metric_id == MetricName.id)
+        .where(MetricName.run_id == run_id)
+        .group_by(MetricName.id, MetricName.name)
+        .order_by(MetricName.name)
+    )
+    return {name: (int(n), None if last is None else int(last)) for name, n, last in session.execute(query)}
+
+
 def read_metrics(
     session: Session,
     run_id: int,

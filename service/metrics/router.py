@@ -74,7 +74,10 @@ def read_metrics(
 
 @router.get("/names", response_model=MetricNamesOut)
 def metric_names(run_id: int, project: ProjectDep, session: SessionDep) -> MetricNamesOut:
-    """The names the run has logged, each with its canonical name (SPEC section 4)."""
+    """The names the run has logged, each with its canonical name (SPEC section 4), the number of
+    points held and the highest step."""
     run = runs.get_run(session, project.id, run_id)
-    canonical = aliases.canonical_names(session, project.id, run.framework, repository.list_metric_names(session, run.id))
-    return MetricNamesOut(names=[MetricNameOut(name=n, canonical=c) for n, c in canonical.items()])
+    summaries = repository.metric_summaries(session, run.id)
+    canonical = aliases.canonical_names(session, project.id, run.framework, list(summaries))
+    return MetricNamesOut(names=[MetricNameOut(name=n, canonical=c, points=summaries[n][0], last_step=summaries[n][1])
+                                 for n, c in canonical.items()])

@@ -25,6 +25,8 @@ class MetricsOut(BaseModel):
 class MetricNameOut(BaseModel):
     name: str
     canonical: str
+    points: int = Field(description="points the service holds for the metric")
+    last_step: int | None = Field(description="its highest step (None: no point yet)")
 
 
 class MetricNamesOut(BaseModel):

@@ -71,6 +71,27 @@ def test_an_interrupted_import_completes(sqlite_live_server, tmp_path):
     assert len(_points(_stored(server, "resumed")[1])) == 180
 
 
+def test_points_that_never_arrive_fail_the_import_with_their_number(sqlite_live_server, tmp_path, monkeypatch):
+    """The check after sending counts each metric's points on the server (one grouped query); a
+    metric that holds fewer than it should sends the import back to a full read, which says how
+    many points are missing. The same import run again sends just those."""
+    from moeproxy.importers import upload
+
+    server = sqlite_live_server
+    source = write_verl_file_logger(tmp_path / "lossy.jsonl", verl_steps(n_steps=30))
+    real_send = upload._send
+    monkeypatch.setattr(upload, "_send", lambda steps, **kw: real_send(steps[:-2], **kw))  # two steps lost
+    lossy = _import(server, str(source))
+    assert lossy.exit_code != 0 and "12 points did not reach" in lossy.output, lossy.output
+    monkeypatch.setattr(upload, "_send", real_send)
+    again = _import(server, str(source))
+    assert again.exit_code == 0 and "12 points sent, 168 already stored" in again.stdout, again.output
+    with _http(server) as http:
+        run = next(r for r in http.get("/api/v1/runs").json()["runs"] if r["name"] == "lossy")
+        names = http.get(f"/api/v1/runs/{run['id']}/metrics/names").json()["names"]
+    assert {n["points"] for n in names} == {30} and {n["last_step"] for n in names} == {30}
+
+
 def test_project_and_service_errors_exit_non_zero(sqlite_live_server, tmp_path):
     server = sqlite_live_server
     source = write_verl_file_logger(tmp_path / "r.jsonl", verl_steps(n_steps=3))

@@ -227,6 +227,11 @@ def test_metric_names_with_canonical(client, auth, run):
         "critic/score/mean": "reward_mean",
         "custom/x": "custom/x",
     }
+    assert {n["name"]: (n["points"], n["last_step"]) for n in names} == {
+        "actor/ppo_kl": (1, 0), "critic/score/mean": (1, 0), "custom/x": (1, 0)}
+    _post(client, auth, run["id"], {"steps": [{"step": 5, "values": {"custom/x": 4}}, {"step": 0, "values": {"custom/x": 5}}]})
+    names = client.get(f"/api/v1/runs/{run['id']}/metrics/names", headers=auth()).json()["names"]
+    assert {n["name"]: (n["points"], n["last_step"]) for n in names}["custom/x"] == (2, 5)  # step 0 overwritten
 
 
 def test_ingest_event_fires_after_commit_only(client, auth, run):
