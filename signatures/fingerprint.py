@@ -128,7 +128,7 @@ class Fingerprint:
             return False
         if self.separation is not None:
             return self.separation >= MIN_SEPARATION
-        return any(e.affected and not e.flat for m, e in self.metrics.items() if m not in CONTROL_METRICS)
+        return not self.flat_only
 
     @property
     def flat_only(self) -> bool:

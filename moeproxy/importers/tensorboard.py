@@ -90,18 +90,14 @@ def records(path: Path, crc32c: Callable[[bytes], int] | None = None) -> Iterato
             pos = 0
             while pos + _HEADER.size <= size:
                 length, length_crc = _HEADER.unpack_from(data, pos)
-                # masked_crc32c, written out: two calls fewer per record on a million records.
-                crc = crc32c(data[pos:pos + 8])
-                if ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:
+                if masked_crc32c(crc32c(data[pos:pos + 8])) != length_crc:
                     raise InvalidSource(f"{path}: damaged event file (bad length checksum at byte {pos})")
                 start = pos + _HEADER.size
                 end = start + length
                 if end + _FOOTER.size > size:
                     return  # being written: the rest of the record is not on disk yet
                 payload = data[start:end]
-                crc = crc32c(payload)
-                if ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF != _FOOTER.unpack_from(
-                        data, end)[0]:
+                if masked_crc32c(crc32c(payload)) != _FOOTER.unpack_from(data, end)[0]:
                     raise InvalidSource(f"{path}: damaged event file (bad record checksum at byte {pos})")
                 yield payload
                 pos = end + _FOOTER.size
