@@ -2,26 +2,27 @@
 
 The traces in ``moeproxy/demo_data/`` were recorded once with
 
-    moeproxy reproduce --model reproduction/models/qwen3-moe-64e --fault rollout_logp_precision \\
-        --variant bf16 --param onset=14 --steps 40 --seeds 7 --out DIR
+    moeproxy reproduce --model qwen3-moe-64e-rl --fault rollout_logp_precision \\
+        --variant bf16 --param onset=40 --steps 100 --seeds 7 --out DIR
 
 i.e. real RL runs (rollout engine, GRPO trainer, weight sync) of the project's own small
-Qwen3-MoE reference model (64 experts, top-4, 8 layers) on the synthetic task suite, under verl's
-metric names: a healthy run, and its twin whose rollout engine computes log-probs in bf16 from
-step 14 (SPEC section 3, ``rollout_logp_precision``), the same length and onset as the diagnosis
-benchmark's held-out runs. Seed 7 is used by neither the shipped fingerprint library nor that
-benchmark. With the shipped library the bf16 run ranks ``rollout_logp_precision`` first (0.79,
-strong). The healthy run is a false alarm: ranked ``lr_misconfiguration`` (0.86, strong), with
-``healthy`` third (0.53) although its fingerprint matches at 1.00. The run was recorded on the
-saturated SFT reference (accuracy 0.99 from the start), so the whole-run findings speak against
-healthy: the reward cannot rise (0.996 -> 0.98), entropy grows x6 from nearly nothing, and the KL
-still grows x22 over the second half. A run of the RL starting point, which learns, is what the
-demo should show; re-recorded there with the library rebuilt from campaign v2, it replaces this one. Both outcomes
-are what the product does today on a run it has never seen. They are not production runs: every
-demo run carries the tag ``demo`` and ``config.demo = true`` with the recording command.
+Qwen3-MoE RL starting point (64 experts, top-4, 8 layers; ``use: rl``, docs/reproduction.md) on
+the synthetic reasoning tasks under that checkpoint's own RL setting, logged under verl's metric
+names: a healthy run that learns (the reward's accuracy part rises from 0.46 over the first 20
+steps to 0.58 over the last 20, entropy falls 0.095 -> 0.071, the KL loss grows 0.020 -> 0.064),
+and its twin whose rollout engine computes log-probs in bf16 from step 40 (SPEC section 3,
+``rollout_logp_precision``: the rollout-training probability difference leaves fp32 round-off for
+~1e-3). Seed 7 is used by neither the shipped fingerprint library nor the diagnosis benchmark.
+
+What the shipped library says about them (``moeproxy triage FILE``, 2026-12-06): the healthy run
+is ``healthy`` (1.00, strong); the bf16 run ranks ``rollout_logp_precision`` first, but weak (0.70,
+with ``operator_numeric_noise`` 0.63 and ``routing_mismatch`` 0.62 next) — the engine names the
+right class and says it is not sure. Both are what the product does on a run it has never seen.
+They are not production runs: every demo run carries the tag ``demo`` and ``config.demo = true``
+with the recording command.
 
 Shipping recordings keeps the light install (no torch) able to show the product on real engine
-output; a fresh recording needs the ``[ml]`` extra and ~40 s of CPU.
+output; a fresh recording needs the ``[ml]`` extra and ~7 minutes of one CPU core.
 
 This module talks to the service over HTTP only (it is client-side code).
 """
@@ -38,10 +39,10 @@ from moeproxy.client import encode_value
 DEMO_PROJECT = "demo"
 DATA_DIR = Path(__file__).resolve().parent / "demo_data"
 RECORDED_WITH = (
-    "moeproxy reproduce --model reproduction/models/qwen3-moe-64e --fault rollout_logp_precision "
-    "--variant bf16 --param onset=14 --steps 40 --seeds 7"
+    "moeproxy reproduce --model qwen3-moe-64e-rl --fault rollout_logp_precision "
+    "--variant bf16 --param onset=40 --steps 100 --seeds 7"
 )
-DEMO_NOTE = ("recorded GRPO run of the moeproxy reproduction engine on the qwen3-moe-64e reference model "
+DEMO_NOTE = ("recorded GRPO run of the moeproxy reproduction engine on the qwen3-moe-64e-rl reference model "
              "(synthetic task suite); a demo, not a production run")
 
 
@@ -55,7 +56,7 @@ class DemoRun:
     fault: str  # a SPEC section 3 class, "healthy" for the reference run
     steps: dict[int, dict[str, float | str]]
     onset_step: int | None = None
-    model: str = "qwen3-moe-64e"
+    model: str = "qwen3-moe-64e-rl"
     framework: str = "verl"
 
     def run_spec(self) -> dict:
@@ -79,8 +80,8 @@ class DemoRun:
 
 #: (run name, fault class, trace file, onset step)
 DEMO_RUNS: tuple[tuple[str, str, str, int | None], ...] = (
-    ("demo-grpo-qwen3-moe-64e-healthy", "healthy", "healthy-seed7.jsonl", None),
-    ("demo-grpo-qwen3-moe-64e-bf16-rollout", "rollout_logp_precision", "rollout_logp_precision-seed7.jsonl", 14),
+    ("demo-grpo-qwen3-moe-64e-rl-healthy", "healthy", "healthy-seed7.jsonl", None),
+    ("demo-grpo-qwen3-moe-64e-rl-bf16-rollout", "rollout_logp_precision", "rollout_logp_precision-seed7.jsonl", 40),
 )
 
 

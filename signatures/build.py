@@ -189,20 +189,24 @@ def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
                                  for s, o in zip(sigs, injected, strict=True))
     fp = Fingerprint(fid, fault_class, fc.family, vid, dict(params or {}), aligned, pre, metrics, prov,
                      from_start=from_start)
-    return replace(fp, separation=separation(fp, sigs, twins)) if twins else fp
+    if not twins:
+        return fp
+    sep, twin = separation(fp, sigs, twins)
+    return replace(fp, separation=sep, twin_score=twin)
 
 
-def separation(fp: Fingerprint, fault_sigs: Sequence[RunSignature], twin_sigs: Sequence[RunSignature]) -> float:
+def separation(fp: Fingerprint, fault_sigs: Sequence[RunSignature],
+               twin_sigs: Sequence[RunSignature]) -> tuple[float, float]:
     """How much higher the matcher scores the fault runs a fingerprint was built from than the
-    best-matching of their healthy twins: the fault runs' median minus the twins' maximum
-    (``Fingerprint.separable``). One twin that matches as well as the fault runs is enough to say
-    healthy runs look like this; scored by the function triage uses, so what counts is what triage
-    would see, not what the build step believed."""
+    best-matching of their healthy twins: (the fault runs' median minus the twins' maximum, the
+    twins' maximum) (``Fingerprint.separable``, ``Fingerprint.twin_score``). One twin that matches
+    as well as the fault runs is enough to say healthy runs look like this; scored by the function
+    triage uses, so what counts is what triage would see, not what the build step believed."""
     from moeproxy.signatures.matching import score_fingerprint  # matching reads fingerprints, not builds
 
     fault = float(np.median([score_fingerprint(s, fp).score for s in fault_sigs]))
     twin = max(score_fingerprint(t, fp).score for t in twin_sigs)
-    return round(fault - twin, 6)
+    return round(fault - twin, 6), round(twin, 6)
 
 
 def fingerprint_from_trace_set(ts: TraceSet, *, signature_params: SignatureParams = DEFAULT_PARAMS,

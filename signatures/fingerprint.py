@@ -104,6 +104,10 @@ class Fingerprint:
     #: Every run it was built from had the fault from its first step: its traces start at the
     #: run's start, and so does its class onset in any run it is compared with.
     from_start: bool = False
+    #: The best score any of its healthy twins got when it was built (build.separation's other
+    #: half): a run that scores no higher looks no more like the fault than a run without it.
+    #: None: built without twins, or before it was recorded.
+    twin_score: float | None = None
 
     @property
     def affected_metrics(self) -> tuple[str, ...]:
@@ -432,8 +436,11 @@ class _Validator:
         from_start = d.get("from_start", False)
         if not isinstance(from_start, bool):
             raise InvalidLibrary(f"{path}.from_start", "must be true or false")
+        twin_score = d.get("twin_score")
+        if twin_score is not None:
+            twin_score = self.number(twin_score, f"{path}.twin_score", lo=0.0, hi=1.0)
         return Fingerprint(fid, fc, family, variant, params, aligned, trace_pre, metrics, provenance,
-                           separation, from_start)
+                           separation, from_start, twin_score)
 
     def expectation(self, d: Any, path: str) -> MetricExpectation:
         self.obj(d, path)
@@ -517,4 +524,5 @@ def describe(fp: Fingerprint) -> dict[str, Any]:
         "runs": len(fp.provenance.get("runs", [])) or fp.provenance.get("n_runs"),
         "source": fp.provenance.get("source"),
         "separation": fp.separation,
+        "twin_score": fp.twin_score,
     }

@@ -85,6 +85,9 @@ class Weights:
     flat_only_finding_weight: float = 2.0  # a flat-only fingerprint counts beside a finding for its
     # class of at least this weight (a definition or a documented range, not a trend a slow healthy
     # run misses too)
+    above_twins: bool = True  # a fault fingerprint scores a run only where it scores it above the
+    # best of its own healthy twins (Fingerprint.twin_score): a run that looks no more like the fault
+    # than a run without it is no evidence for it
 
 
 #: How much each whole-run rule weighs (in units of one fingerprint-score mass of ``evidence_mass``):
@@ -223,10 +226,12 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
     by_class: dict[str, FingerprintScore] = {}
     for fp in library.fingerprints:
         s = score_fingerprint(sig, fp, library, weights)
-        if not fp.separable or (fp.flat_only and fp.fault_class not in shown):
-            # Its own healthy twins match it as well as its fault runs, or it expects what any
-            # quiet run shows: it keeps its class on the list (whole-run findings may still name
-            # it) but adds no score of its own.
+        if (not fp.separable or (fp.flat_only and fp.fault_class not in shown)
+                or (weights.above_twins and fp.twin_score is not None and s.score <= fp.twin_score)):
+            # Its own healthy twins match it as well as its fault runs, it expects what any quiet
+            # run shows, or this run matches it no better than one of its healthy twins did: it
+            # keeps its class on the list (whole-run findings may still name it) but adds no score
+            # of its own.
             s = FingerprintScore(fp, 0.0, s.matches, s.onset_index, s.coverage)
         best = by_class.get(fp.fault_class)
         if best is None or s.score > best.score:

@@ -32,7 +32,7 @@ def _make_set(root: Path) -> Path:
     for name, label in (("healthy-seed7", "healthy"), ("rollout_logp_precision-seed7", "rollout_logp_precision")):
         steps = [json.loads(line) for line in (demo / f"{name}.jsonl").read_text().splitlines() if line.strip()]
         (root / "traces" / f"{name}.json").write_text(json.dumps({"name": name, "framework": "verl", "steps": steps}))
-        labels[name] = {"label": label, "framework": "verl", "onset": 14 if label != "healthy" else None}
+        labels[name] = {"label": label, "framework": "verl", "onset": 40 if label != "healthy" else None}
     # A non-finite run: the one-line rule calls it gradient_overflow.
     steps = [{"step": k, "values": {"actor/grad_norm": float("nan") if k >= 30 else 1.0, "critic/score/mean": 0.5}}
              for k in range(60)]

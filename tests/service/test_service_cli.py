@@ -144,21 +144,21 @@ def test_serve_demo_posts_the_recorded_runs_through_the_api(tmp_path):
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", follow_redirects=True) as browser:
             assert browser.get("/", follow_redirects=False).status_code == 303  # a login is needed
             assert browser.post("/login", data={"token": link.group(2)}).status_code == 200
-            assert "demo-grpo-qwen3-moe-64e-bf16-rollout" in browser.get("/").text
+            assert "demo-grpo-qwen3-moe-64e-rl-bf16-rollout" in browser.get("/").text
         again = httpx.post(f"http://127.0.0.1:{port}/login", data={"token": link.group(2)})
         assert again.status_code == 401
         token = next(line.split(": ")[-1].strip() for line in lines if "token for project 'demo'" in line)
         h = {"Authorization": f"Bearer {token}"}
         listed = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", headers=h).json()["runs"]
         runs = [httpx.get(f"http://127.0.0.1:{port}/api/v1/runs/{r['id']}", headers=h).json() for r in listed]
-        assert {r["name"] for r in runs} == {"demo-grpo-qwen3-moe-64e-healthy", "demo-grpo-qwen3-moe-64e-bf16-rollout"}
+        assert {r["name"] for r in runs} == {"demo-grpo-qwen3-moe-64e-rl-healthy", "demo-grpo-qwen3-moe-64e-rl-bf16-rollout"}
         assert all("demo" in r["tags"] and r["config"]["demo"] is True for r in runs)
         faulty = next(r for r in runs if r["config"]["injected_fault"] == "rollout_logp_precision")
         series = httpx.get(
             f"http://127.0.0.1:{port}/api/v1/runs/{faulty['id']}/metrics?names=training/rollout_probs_diff_mean",
             headers=h,
         ).json()["metrics"]["training/rollout_probs_diff_mean"]
-        assert series["steps"] == list(range(40))
+        assert series["steps"] == list(range(100))
         onset = faulty["config"]["onset_step"]
         before, after = series["values"][:onset], series["values"][onset + 1 :]
         assert min(after) > 2 * max(before)  # the visible fault

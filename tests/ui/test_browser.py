@@ -104,11 +104,11 @@ def test_demo_run_page_in_chromium(served):
 
             # The run is live: new metrics -> live triage re-evaluates -> the open page reloads itself.
             assert page.locator("#run-page").get_attribute("data-live") == "1"
-            more = [{"step": s, "values": {"critic/score/mean": 0.3, "actor/ppo_kl": 0.01}} for s in range(24, 44)]
+            more = [{"step": s, "values": {"critic/score/mean": 0.3, "actor/ppo_kl": 0.01}} for s in range(100, 120)]
             httpx.post(f"{base}/api/v1/runs/{faulty['id']}/metrics", json={"steps": more},
                        headers={"Authorization": f"Bearer {token}"}).raise_for_status()
             page.wait_for_function(
-                "() => document.querySelector('dl.meta').innerText.includes('43')", timeout=60_000
+                "() => document.querySelector('dl.meta').innerText.includes('119')", timeout=60_000
             )
 
             page.locator("#candidates a[href='/faults#rollout_logp_precision']").first.click()
