@@ -14,10 +14,11 @@ and its twin whose rollout engine computes log-probs in bf16 from step 40 (SPEC 
 ``rollout_logp_precision``: the rollout-training probability difference leaves fp32 round-off for
 ~1e-3). Seed 7 is used by neither the shipped fingerprint library nor the diagnosis benchmark.
 
-What the shipped library says about them (``moeproxy triage FILE``, 2026-12-06): the healthy run
-is ``healthy`` (1.00, strong); the bf16 run ranks ``rollout_logp_precision`` first, but weak (0.70,
-with ``operator_numeric_noise`` 0.63 and ``routing_mismatch`` 0.62 next) — the engine names the
-right class and says it is not sure. Both are what the product does on a run it has never seen.
+What the shipped library (campaign v2) says about them (``moeproxy triage FILE``, 2026-12-06): both
+rank the right class first, and both weakly (the verl view's strong threshold is 0.90). The healthy
+run: ``healthy`` 0.89, ``reward_fault`` 0.81 next; the bf16 run: ``rollout_logp_precision`` 0.87,
+with ``operator_numeric_noise`` 0.76 and ``routing_mismatch`` 0.74 next. The engine names the right
+class and says it is not sure — what the product does on a run it has never seen.
 They are not production runs: every demo run carries the tag ``demo`` and ``config.demo = true``
 with the recording command.
 
