@@ -595,6 +595,25 @@ def _write_trace(out: Path, job: CampaignJob, trace: Sequence[dict]) -> Path:
     return path
 
 
+#: What an entry's manifest (and so each fingerprint built from it) keeps of the proxy's report: which
+#: proxy of which model made the runs. The per-layer clusters, the view-weight search and the memory
+#: plan stay in the proxy's own proxy_report.json (40 KB, which a library of 74 fingerprints would
+#: otherwise carry 74 times); ``sha256`` names that file.
+PROXY_REPORT_KEYS = ("format_version", "source_model", "architecture", "method", "view_weights",
+                     "view_weights_mode", "representative", "seed", "num_experts", "keep", "top_k", "moe_layers",
+                     "group_routing", "config_changes", "calibration")
+
+
+def proxy_report_summary(model_path: str | Path) -> dict[str, Any] | None:
+    """The :data:`PROXY_REPORT_KEYS` of ``model_path/proxy_report.json`` and the file's SHA-256;
+    None for a model that is not a proxy (no report)."""
+    path = Path(model_path) / "proxy_report.json"
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    return {**{k: report[k] for k in PROXY_REPORT_KEYS if k in report}, "sha256": _sha256(path)}
+
+
 def _write_entry_manifest(out: Path, job: CampaignJob, manifest: Mapping[str, Any]) -> None:
     """The entry's directory as ``moeproxy reproduce`` would write it, plus each seed's onset."""
     from moeproxy.reproduction.backend import MANIFEST_FORMAT
@@ -607,6 +626,7 @@ def _write_entry_manifest(out: Path, job: CampaignJob, manifest: Mapping[str, An
         "backend": f"campaign:{manifest.get('backend', 'local')}",
         "campaign": "../../manifest.json",
         "model": {**manifest.get("model", {}), **manifest.get("model_description", {})},
+        "proxy_report": proxy_report_summary(manifest["model"]["path"]),
         "fault": {"class": job.entry.fault_class, "variant": job.entry.variant,
                   "family": FAULT_CLASSES[job.entry.fault_class].family, "params": params},
         "onset_rule": job.entry.onset.to_json() if job.entry.fault_class != "healthy" else None,

@@ -157,6 +157,7 @@ def test_resume_skips_finished_jobs_and_draws_the_same_onsets(warm, tmp_path):
     entry_manifest = json.loads((out / "library" / lost.entry.slug / "manifest.json").read_text())
     assert entry_manifest["onsets"] == {str(j.seed): j.onset for j in stale}
     assert entry_manifest["view"] == "raw"
+    assert entry_manifest["proxy_report"] is None  # the tiny model is not a proxy: it has no report
 
     # Traces restored from a copy come without their entry's manifest: a resume writes it again.
     (out / "library" / lost.entry.slug / "manifest.json").unlink()
@@ -295,3 +296,22 @@ def test_a_process_pool_left_early_drops_the_jobs_it_has_not_started(tmp_path):
     assert first[1] == first[0]
     ran = sorted(p.name for p in tmp_path.glob("job-*"))
     assert 1 <= len(ran) < len(inputs), ran
+
+
+def test_an_entry_manifest_names_the_proxy_that_made_its_runs(tmp_path):
+    """A campaign on a proxy records in each entry's manifest (and so in every fingerprint built from
+    it) which proxy of which model ran: the report's identifying fields and the file's hash, not its
+    per-layer clusters (40 KB that a 74-fingerprint library would carry 74 times)."""
+    import hashlib
+
+    from moeproxy.reproduction.campaign import PROXY_REPORT_KEYS, proxy_report_summary
+
+    assert proxy_report_summary(tmp_path) is None
+    report = {"source_model": "qwen3-moe-64e-rl", "method": "fused-kmedoids", "keep": [48] * 8,
+              "num_experts": 64, "layers": [{"clusters": list(range(64))}] * 8, "memory": {"devices": {}}}
+    (tmp_path / "proxy_report.json").write_text(json.dumps(report))
+    summary = proxy_report_summary(tmp_path)
+    assert summary == {"source_model": "qwen3-moe-64e-rl", "method": "fused-kmedoids", "keep": [48] * 8,
+                       "num_experts": 64,
+                       "sha256": hashlib.sha256((tmp_path / "proxy_report.json").read_bytes()).hexdigest()}
+    assert "layers" not in PROXY_REPORT_KEYS and "memory" not in PROXY_REPORT_KEYS

@@ -142,15 +142,19 @@ def test_the_signature_library_reads_no_environment(monkeypatch, tmp_path):
 
 
 def test_a_library_built_before_a_name_was_canonical_matches_runs_under_the_new_name():
-    """response_length/max became response_length_max (TRL's completions/max_length): the shipped
-    fingerprints, built under the old name, are read under the new one, so a TRL run and a verl
-    run both reach them."""
+    """response_length/max became response_length_max (TRL's completions/max_length): fingerprints
+    built under the old name (the first shipped library's, and any user library of that time) are
+    read under the new one, so a TRL run and a verl run both reach them."""
     import json
 
     from moeproxy.signatures.canonical import RunMetrics, canonicalise
     from moeproxy.signatures.fingerprint import library_from_dict, resolve_library_path
 
     doc = json.loads(resolve_library_path(None).read_text())
+    # The shipped library is built under the new name now: write it back under the old one.
+    for f in doc["fingerprints"]:
+        if "response_length_max" in f["metrics"]:
+            f["metrics"]["response_length/max"] = f["metrics"].pop("response_length_max")
     assert any("response_length/max" in f["metrics"] for f in doc["fingerprints"])  # the stored names
     lib = library_from_dict(doc)
     names = {m for f in lib.fingerprints for m in f.metrics}
