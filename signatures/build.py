@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 from moeproxy.reproduction.catalogue import FAULT_CLASSES
-from moeproxy.signatures.canonical import RunMetrics, canonicalise, load_run, project_run
+from moeproxy.signatures.canonical import RunMetrics, canonicalise, load_run
 from moeproxy.signatures.errors import InvalidRun, UnknownFaultClass
 from moeproxy.signatures.features import DEFAULT_PARAMS, RunSignature, SignatureParams, run_signature
 from moeproxy.signatures.fingerprint import FLAT_VOLATILITY, Fingerprint, MetricExpectation
-from moeproxy.signatures.vocabulary import VIEWS
 
 #: Metrics that describe the machine, not the training: never part of a fingerprint (a proxy is
 #: faster and smaller by design, so its timings say nothing about the fault).
@@ -193,8 +192,7 @@ def build_fingerprint(fault_class: str, fault_runs: Sequence[RunMetrics],
     if not twins:
         return fp
     sep, twin = separation(fp, sigs, twins)
-    return replace(fp, separation=sep, twin_score=twin,
-                   twin_scores=view_twin_scores(fp, healthy_runs, signature_params))
+    return replace(fp, separation=sep, twin_score=twin)
 
 
 def separation(fp: Fingerprint, fault_sigs: Sequence[RunSignature],
@@ -209,23 +207,6 @@ def separation(fp: Fingerprint, fault_sigs: Sequence[RunSignature],
     fault = float(np.median([score_fingerprint(s, fp).score for s in fault_sigs]))
     twin = max(score_fingerprint(t, fp).score for t in twin_sigs)
     return round(fault - twin, 6), round(twin, 6)
-
-
-def view_twin_scores(fp: Fingerprint, healthy_runs: Sequence[RunMetrics],
-                     params: SignatureParams = DEFAULT_PARAMS) -> dict[str, float]:
-    """``Fingerprint.twin_scores``: for each narrower view of ``vocabulary.VIEWS``, the best score of
-    the healthy twins projected onto the view's metrics, as triage would score a run that logs only
-    those. A view the twins log nothing of gets no entry (no run of that view can match it anyway)."""
-    from moeproxy.signatures.matching import score_fingerprint  # matching reads fingerprints, not builds
-
-    scores: dict[str, float] = {}
-    for view, metrics in VIEWS.items():
-        if metrics is None:  # the full view: twin_score itself
-            continue
-        projected = [r for r in (project_run(run, metrics) for run in healthy_runs) if r.series]
-        if projected:
-            scores[view] = round(max(score_fingerprint(t, fp).score for t in signatures_of(projected, params)), 6)
-    return scores
 
 
 def fingerprint_from_trace_set(ts: TraceSet, *, signature_params: SignatureParams = DEFAULT_PARAMS,

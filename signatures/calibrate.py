@@ -26,11 +26,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from moeproxy.signatures.canonical import RunMetrics, canonicalise, project_run
+from moeproxy.signatures.canonical import RunMetrics, canonicalise
 from moeproxy.signatures.features import run_signature
 from moeproxy.signatures.fingerprint import Calibration, FingerprintLibrary, ViewCalibration
 from moeproxy.signatures.matching import library_metrics, triage
-from moeproxy.signatures.vocabulary import VIEWS
+from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, VIEWS, alias_index, canonical_name
 
 Projection = Callable[[RunMetrics], RunMetrics]
 
@@ -45,6 +45,15 @@ class LabelledRun:
 class CalibrationScores:
     positives: tuple[float, ...]  # the true class's score
     negatives: tuple[float, ...]  # best score with the true class left out / best fault on healthy
+
+
+def project_run(run: RunMetrics, metrics: Collection[str] | None) -> RunMetrics:
+    """``run`` with only the series whose canonical name is in ``metrics`` (None: all of them)."""
+    if metrics is None:
+        return run
+    index = alias_index(DEFAULT_ALIASES, run.framework)
+    keep = {name: s for name, s in run.series.items() if canonical_name(name, index) in metrics}
+    return RunMetrics(keep, run.framework, run.name)
 
 
 def calibration_scores(library: FingerprintLibrary, runs: Sequence[LabelledRun], *,

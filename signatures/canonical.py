@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -235,15 +235,6 @@ class CanonicalRun:
     def first_nonfinite_step(self, metric: str) -> int | None:
         i = self.metrics[metric].first_nonfinite_index()
         return None if i is None else int(self.steps[i])
-
-
-def project_run(run: RunMetrics, metrics: Collection[str] | None) -> RunMetrics:
-    """``run`` with only the series whose canonical name is in ``metrics`` (None: all of them)."""
-    if metrics is None:
-        return run
-    index = alias_index(DEFAULT_ALIASES, run.framework)
-    keep = {name: s for name, s in run.series.items() if canonical_name(name, index) in metrics}
-    return RunMetrics(keep, run.framework, run.name)
 
 
 def canonicalise(run: RunMetrics, *, aliases: Iterable[MetricAlias] = DEFAULT_ALIASES,

@@ -108,19 +108,6 @@ class Fingerprint:
     #: half): a run that scores no higher looks no more like the fault than a run without it.
     #: None: built without twins, or before it was recorded.
     twin_score: float | None = None
-    #: The same best twin score with the twins seen through each framework view's metrics
-    #: (``vocabulary.VIEWS``; the full "verl" view is ``twin_score``). A run that logs only TRL's
-    #: names is held to what the twins scored when they too logged only those: through a narrow
-    #: view a fault fingerprint loses the metrics that told its runs from its twins, and a quiet
-    #: healthy run matches it as well as any of its fault runs.
-    twin_scores: Mapping[str, float] = field(default_factory=dict)
-
-    def twin_bar(self, view: str | None) -> float | None:
-        """The score a run seen through ``view`` must beat to count as evidence for this fault
-        (None: no twins were measured)."""
-        if view is not None and view in self.twin_scores:
-            return self.twin_scores[view]
-        return self.twin_score
 
     @property
     def affected_metrics(self) -> tuple[str, ...]:
@@ -162,7 +149,6 @@ class Fingerprint:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["params"] = dict(self.params)
         d["provenance"] = dict(self.provenance)
-        d["twin_scores"] = dict(self.twin_scores)
         d["metrics"] = {m: _expectation_to_dict(e) for m, e in self.metrics.items()}
         return d
 
@@ -453,12 +439,8 @@ class _Validator:
         twin_score = d.get("twin_score")
         if twin_score is not None:
             twin_score = self.number(twin_score, f"{path}.twin_score", lo=0.0, hi=1.0)
-        twin_scores = d.get("twin_scores", {})
-        self.obj(twin_scores, f"{path}.twin_scores")
-        twin_scores = {view: self.number(v, f"{path}.twin_scores.{view}", lo=0.0, hi=1.0)
-                       for view, v in twin_scores.items()}
         return Fingerprint(fid, fc, family, variant, params, aligned, trace_pre, metrics, provenance,
-                           separation, from_start, twin_score, twin_scores)
+                           separation, from_start, twin_score)
 
     def expectation(self, d: Any, path: str) -> MetricExpectation:
         self.obj(d, path)
@@ -543,5 +525,4 @@ def describe(fp: Fingerprint) -> dict[str, Any]:
         "source": fp.provenance.get("source"),
         "separation": fp.separation,
         "twin_score": fp.twin_score,
-        "twin_scores": dict(fp.twin_scores),
     }

@@ -86,8 +86,8 @@ class Weights:
     # class of at least this weight (a definition or a documented range, not a trend a slow healthy
     # run misses too)
     above_twins: bool = True  # a fault fingerprint scores a run only where it scores it above the
-    # best of its own healthy twins seen through the run's view (Fingerprint.twin_bar): a run that
-    # looks no more like the fault than a run without it is no evidence for it
+    # best of its own healthy twins (Fingerprint.twin_score): a run that looks no more like the fault
+    # than a run without it is no evidence for it
 
 
 #: How much each whole-run rule weighs (in units of one fingerprint-score mass of ``evidence_mass``):
@@ -223,15 +223,11 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
     # (a KL that never moves, tied rewards from step 0) and matches any quiet run without.
     shown = {c for f in findings if weights.finding_weights.get(f.rule, weights.finding_default)
              >= weights.flat_only_finding_weight for c in f.supports}
-    # The view decides the strength threshold and the twins' bar: a run seen through TRL's names is
-    # compared with the twins seen through them too (Fingerprint.twin_bar).
-    view, thr = library.calibration.threshold_for(set(sig.metrics) & library_metrics(library))
     by_class: dict[str, FingerprintScore] = {}
     for fp in library.fingerprints:
         s = score_fingerprint(sig, fp, library, weights)
-        bar = fp.twin_bar(view)
         if (not fp.separable or (fp.flat_only and fp.fault_class not in shown)
-                or (weights.above_twins and bar is not None and s.score <= bar)):
+                or (weights.above_twins and fp.twin_score is not None and s.score <= fp.twin_score)):
             # Its own healthy twins match it as well as its fault runs, it expects what any quiet
             # run shows, or this run matches it no better than one of its healthy twins did: it
             # keeps its class on the list (whole-run findings may still name it) but adds no score
@@ -240,6 +236,7 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
         best = by_class.get(fp.fault_class)
         if best is None or s.score > best.score:
             by_class[fp.fault_class] = s
+    view, thr = library.calibration.threshold_for(set(sig.metrics) & library_metrics(library))
     scored = [_candidate(sig, s, thr, weights, findings) for s in by_class.values()]
     candidates = tuple(sorted(scored, key=lambda c: (-c.score, c.fault_class)))
     change_points = {m.source: m.onset_step for m in sig.metrics.values() if m.onset_step is not None}

@@ -1,7 +1,6 @@
-"""A fault fingerprint keeps the best score its own healthy twins got (``Fingerprint.twin_score``, and
-per framework view ``Fingerprint.twin_scores``), and triage lets it score a run only above the bar of
-the run's view: a run that matches the fault no better than a run without it, seen through the same
-metrics, is no evidence for the fault (``Weights.above_twins``)."""
+"""A fault fingerprint keeps the best score its own healthy twins got (``Fingerprint.twin_score``), and
+triage lets it score a run only above that: a run that matches the fault no better than a run
+without it is no evidence for the fault (``Weights.above_twins``)."""
 
 from __future__ import annotations
 
@@ -10,18 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from moeproxy.signatures.build import build_fingerprint, signatures_of
-from moeproxy.signatures.canonical import project_run
 from moeproxy.signatures.features import SignatureParams
-from moeproxy.signatures.fingerprint import (
-    Calibration,
-    FingerprintLibrary,
-    InvalidLibrary,
-    ViewCalibration,
-    library_from_dict,
-)
-from moeproxy.signatures.matching import WEIGHTS, library_metrics, score_fingerprint, triage
+from moeproxy.signatures.fingerprint import FingerprintLibrary, InvalidLibrary, library_from_dict
+from moeproxy.signatures.matching import WEIGHTS, score_fingerprint, triage
 from moeproxy.signatures.synthetic import synthetic_run
-from moeproxy.signatures.vocabulary import VIEWS
 
 STEPS = 60
 CLASS = "stale_weight_sync"
@@ -56,62 +47,13 @@ def test_twin_score_survives_the_library_file_and_is_validated(parts):
     doc = FingerprintLibrary((fp, healthy)).to_dict()
     back = library_from_dict(doc)
     assert back.get(fp.id).twin_score == fp.twin_score
-    assert back.get(fp.id).twin_scores == fp.twin_scores
     doc["fingerprints"][0]["twin_score"] = 1.5
     with pytest.raises(InvalidLibrary, match="twin_score"):
         library_from_dict(doc)
-    doc["fingerprints"][0]["twin_score"] = fp.twin_score
-    doc["fingerprints"][0]["twin_scores"] = {"minimal": -0.1}
-    with pytest.raises(InvalidLibrary, match=r"twin_scores\.minimal"):
-        library_from_dict(doc)
-    doc["fingerprints"][0]["twin_scores"] = [0.5]
-    with pytest.raises(InvalidLibrary, match="twin_scores"):
-        library_from_dict(doc)
-    # A library written before the per-view bars loads with none (the full-view bar holds).
-    del doc["fingerprints"][0]["twin_scores"]
-    assert library_from_dict(doc).get(fp.id).twin_scores == {}
-
-
-def test_the_build_keeps_a_twin_score_per_view(parts):
-    fp, _, _, twins = parts
-    narrow = {name for name, metrics in VIEWS.items() if metrics is not None}
-    assert set(fp.twin_scores) == narrow  # the synthetic twins log something of every view
-    for view in narrow:
-        projected = signatures_of([project_run(t, VIEWS[view]) for t in twins], SignatureParams())
-        assert fp.twin_scores[view] == pytest.approx(max(score_fingerprint(s, fp).score for s in projected), abs=1e-6)
-        assert fp.twin_bar(view) == fp.twin_scores[view]
-    assert fp.twin_bar(None) == fp.twin_bar("verl") == fp.twin_score  # the full view
-
-
-def test_a_run_seen_through_a_view_is_held_to_that_views_twins(parts):
-    """A run that logs only the minimal set is gated by the twins' minimal-view score, and a run that
-    logs everything by the full-view one: each run is held to twins that showed what it shows."""
-    fp, healthy, _, _ = parts
-    fresh = synthetic_run("healthy", steps=STEPS, seed=12)
-    narrow = project_run(fresh, VIEWS["minimal"])
-    raw_narrow = score_fingerprint(signatures_of([narrow], SignatureParams())[0], fp).score
-    raw_full = score_fingerprint(signatures_of([fresh], SignatureParams())[0], fp).score
-    assert raw_narrow > 0 and raw_full > 0
-    plain = FingerprintLibrary((fp, healthy))
-    calibration = Calibration(0.8, views={
-        "verl": ViewCalibration(0.8, tuple(sorted(library_metrics(plain)))),
-        "minimal": ViewCalibration(0.7, tuple(sorted(VIEWS["minimal"] & library_metrics(plain)))),
-    })
-    # Bars: the full view's below both raw scores, the minimal view's above the narrow run's.
-    bars = replace(fp, twin_score=max(0.0, min(raw_narrow, raw_full) - 0.05),
-                   twin_scores={"minimal": min(1.0, raw_narrow + 0.05)})
-    library = FingerprintLibrary((bars, healthy), calibration=calibration)
-    seen_narrow, seen_full = triage(narrow, library), triage(fresh, library)
-    assert (seen_narrow.view, seen_full.view) == ("minimal", "verl")
-    assert _fingerprint_part(seen_narrow, CLASS) == 0.0
-    assert _fingerprint_part(seen_full, CLASS) == pytest.approx(raw_full, abs=1e-4)
-    # Without a bar for its view the narrow run falls back to the full-view one, and keeps its score.
-    fallback = FingerprintLibrary((replace(bars, twin_scores={}), healthy), calibration=calibration)
-    assert _fingerprint_part(triage(narrow, fallback), CLASS) == pytest.approx(raw_narrow, abs=1e-4)
 
 
 def test_a_run_that_matches_no_better_than_a_twin_adds_no_score(parts):
-    fp, healthy, _, _ = parts
+    fp, healthy, faults, twins = parts
     fresh_twin = synthetic_run("healthy", steps=STEPS, seed=11)
     raw = score_fingerprint(signatures_of([fresh_twin], SignatureParams())[0], fp).score
     assert raw > 0

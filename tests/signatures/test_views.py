@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from moeproxy.signatures.build import TraceSet
-from moeproxy.signatures.calibrate import cross_validated_calibration
-from moeproxy.signatures.canonical import MetricSeries, RunMetrics, canonicalise, project_run
+from moeproxy.signatures.calibrate import cross_validated_calibration, project_run
+from moeproxy.signatures.canonical import MetricSeries, RunMetrics, canonicalise
 from moeproxy.signatures.fingerprint import FingerprintLibrary, load_library, save_library
 from moeproxy.signatures.matching import triage
 from moeproxy.signatures.synthetic import synthetic_run
