@@ -85,6 +85,8 @@ class Weights:
     flat_only_finding_weight: float = 2.0  # a flat-only fingerprint counts beside a finding for its
     # class of at least this weight (a definition or a documented range, not a trend a slow healthy
     # run misses too)
+    flat_in_view: bool = True  # a fingerprint flat-only as the run sees it (flat_in_view) is held
+    # like a flat-only one: counted only beside a finding for its class
     above_twins: bool = True  # a fault fingerprint scores a run only where it scores it above the
     # best of its own healthy twins (Fingerprint.twin_score): a run that looks no more like the fault
     # than a run without it is no evidence for it
@@ -226,7 +228,8 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
     by_class: dict[str, FingerprintScore] = {}
     for fp in library.fingerprints:
         s = score_fingerprint(sig, fp, library, weights)
-        if (not fp.separable or (fp.flat_only and fp.fault_class not in shown)
+        flat_here = fp.flat_only or (weights.flat_in_view and flat_in_view(fp, sig))
+        if (not fp.separable or (flat_here and fp.fault_class not in shown)
                 or (weights.above_twins and fp.twin_score is not None and s.score <= fp.twin_score)):
             # Its own healthy twins match it as well as its fault runs, it expects what any quiet
             # run shows, or this run matches it no better than one of its healthy twins did: it
@@ -252,6 +255,17 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
         findings=findings,
         siblings=sibling_notes(candidates, logged=set(sig.metrics)),
     )
+
+
+def flat_in_view(fp: Fingerprint, sig: RunSignature) -> bool:
+    """A fault fingerprint is flat-only as this run sees it: of its affected metrics the run logs
+    none, or only ones its runs left flat (``MetricExpectation.flat``). What told its runs from their
+    twins (a frozen ``actor/ppo_kl``, the MoE and rollout-correction metrics of the engine's full
+    view) is then not in the run, and what is left agrees with any quiet healthy run: a real TRL
+    run that learns slowly matched the step-skip fingerprint at 0.64 on agreement alone."""
+    if fp.fault_class == "healthy":
+        return False
+    return all(fp.metrics[m].flat for m in fp.affected_metrics if m not in CONTROL_METRICS and m in sig.metrics)
 
 
 def library_metrics(library: FingerprintLibrary) -> frozenset[str]:
