@@ -265,6 +265,41 @@ def _no_reward_signal(run: CanonicalRun) -> list[Finding]:
                     "from the start, so every advantage is 0", "grpo-advantage")]
 
 
+#: Steps (and share of the run) a reward mean must hold one exact value to be "stuck": a mean over
+#: a batch of sampled completions moves with every batch unless every completion scores the same.
+REWARD_STUCK_STEPS = 10
+REWARD_STUCK_SHARE = 0.1
+
+
+@rule("reward_stuck")
+def _reward_stuck(run: CanonicalRun) -> list[Finding]:
+    """The reward mean drops to one exact value and holds it to the end, while the policy shows no
+    sign of breaking (no KL running away, no entropy collapse or explosion, no NaN): every completion
+    now scores the same, so every GRPO advantage is 0, and the policy did not cause it. That is the
+    reward function (a parser that stopped matching, a reward service returning a default). A
+    collapsed policy also scores a constant 0, but its KL or entropy says so first (an LR x100);
+    a reward held at the best value it ever reached is a saturated task, not a fault."""
+    got = _values(run, "reward_mean", 2 * REWARD_STUCK_STEPS)
+    if got is None:
+        return []
+    s, v = got
+    last = float(v[-1])
+    same = np.abs(v - last) <= 1e-9 * max(1.0, abs(last))
+    stuck = _longest_true(same[::-1]) if same[-1] else 0
+    start = v.size - stuck
+    if stuck < max(REWARD_STUCK_STEPS, REWARD_STUCK_SHARE * v.size) or start == 0:
+        return []
+    if last >= float(v[:start].max()):  # held at its best: a saturated task
+        return []
+    if _kl_runaway(run) or _entropy_extreme(run) or _nonfinite(run):
+        return []
+    step = int(run.steps[np.flatnonzero(s.observed & ~s.nonfinite)[start]])
+    return [Finding("reward_stuck", "reward_mean", s.source, float(stuck), REWARD_STUCK_STEPS, ("reward_fault",),
+                    f"{s.source} holds {last:.4g} exactly from step {step} to the end ({stuck} steps, below the "
+                    f"{float(v[:start].max()):.4g} it reached before) while KL and entropy stay in range: every "
+                    "completion scores the same, so the reward, not the policy, stopped scoring", "grpo-advantage")]
+
+
 #: Entropy below this share of its start is a collapse; above this multiple, an explosion.
 ENTROPY_COLLAPSE = 0.1
 ENTROPY_EXPLOSION = 3.0

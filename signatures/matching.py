@@ -100,6 +100,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "grad_norm_zero": 4.0,
     "kl_never_moves": 4.0,
     "no_reward_signal": 3.0,
+    "reward_stuck": 3.0,
     "lr_level": 3.0,
     "rollout_mismatch_level": 2.0,
     "importance_ratio_level": 2.0,

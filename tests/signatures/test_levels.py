@@ -94,3 +94,21 @@ def test_every_rule_cites_a_source_that_the_docs_list():
     for name in RULES:
         assert f"`{name}`" in docs, name
     assert "verl/blob/main/docs/faq/faq.rst" in docs
+
+
+def test_a_reward_that_drops_to_a_constant_while_the_policy_holds_is_the_reward():
+    base = _healthy_trl()
+    t = np.arange(N)
+    broken = {**base, "reward": np.where(t >= 120, 0.0, base["reward"])}
+    found = [f for f in whole_run_evidence(_run(broken)) if f.rule == "reward_stuck"]
+    assert found and found[0].supports == ("reward_fault",) and found[0].value == N - 120
+    assert "from step 121" in found[0].text  # TRL counts steps from 1
+    # A task the policy saturates: the reward holds the best value it reached. Not a fault.
+    saturated = np.minimum(0.3 + 0.7 * t / 100, 1.0)
+    assert "reward_stuck" not in _rules({**base, "reward": saturated})
+    # A policy that collapses also scores a constant 0, but its KL runs away first: not the reward.
+    assert "reward_stuck" not in _rules({**broken, "kl": 0.001 * np.exp(t / 25)})
+    # Too short a stretch to say every completion scores the same; a reward constant from step 0
+    # (never varied) is left to no_reward_signal, which reads the tied groups themselves.
+    assert "reward_stuck" not in _rules({**base, "reward": np.where(t >= N - 5, 0.0, base["reward"])})
+    assert "reward_stuck" not in _rules({**base, "reward": np.zeros(N)})
