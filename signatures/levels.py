@@ -31,6 +31,9 @@ SOURCES: dict[str, str] = {
                         "policy (the definition; verl's rollout correction and TRL's importance sampling both log it)",
     "no-gradient": "a gradient norm of exactly 0 means the optimizer step changed nothing (the definition)",
     "nonfinite": "SPEC section 3, gradient_overflow: NaN/inf in the loss or the gradient norm",
+    "skip-nonfinite": "verl's actor skips the optimizer step when the gradient norm is not finite "
+                      "(verl/workers/actor/dp_actor.py, DataParallelPPOActor._optimizer_step: 'if grad_norm is not "
+                      "finite, skip the update'); the weights keep their last finite values",
     "rl-lr": "RL learning rates of the public recipes: TRL GRPOConfig learning_rate default 1e-6; verl's GRPO and "
              "PPO examples use actor_rollout_ref.actor.optim.lr=1e-6 (LLM scale; an LR 100x above is the "
              "reported misconfiguration of SPEC section 3)",
@@ -169,18 +172,48 @@ def _grad_norm_zero(run: CanonicalRun) -> list[Finding]:
 
 #: Metrics whose non-finite values are the overflow signature (SPEC section 3).
 NONFINITE_METRICS = ("grad_norm", "pg_loss", "kl", "entropy")
+#: Logged steps after the first non-finite gradient norm over which the loss, KL and entropy must
+#: stay finite to say the framework dropped those updates rather than let the NaN into the weights.
+SKIPPED_UPDATE_STEPS = 5
 
 
 @rule("nonfinite")
 def _nonfinite(run: CanonicalRun) -> list[Finding]:
+    """NaN/inf in the gradient norm, loss, KL or entropy: an overflow (SPEC section 3), unless only
+    the gradient norm is non-finite and the forward metrics stay finite for the steps after it. That
+    is a framework that skips an update whose gradient norm is not finite (verl's actor does), so
+    the NaN never reached the weights; what is wrong is that those updates were dropped
+    (``actor_update_omission``), and a gradient that overflowed once would not stay non-finite for
+    steps on end in a model whose weights it never touched."""
     hits = [(m, run.metrics[m]) for m in NONFINITE_METRICS if m in run.metrics and run.metrics[m].has_nonfinite]
     if not hits:
         return []
     m, s = min(hits, key=lambda h: h[1].first_nonfinite_index())
     step = run.first_nonfinite_step(m)
     count = int(s.nonfinite.sum())
+    if [h[0] for h in hits] == ["grad_norm"]:
+        after = _finite_forward_steps_after(run, s.first_nonfinite_index())
+        if after >= SKIPPED_UPDATE_STEPS:
+            return [Finding("nonfinite_update_skipped", m, s.source, float(count), SKIPPED_UPDATE_STEPS,
+                            ("actor_update_omission",),
+                            f"{s.source} non-finite from step {step} ({count} steps) while the loss, KL and "
+                            f"entropy stay finite for the {after} steps after it: those updates were skipped, "
+                            "the NaN never reached the weights", "skip-nonfinite")]
     return [Finding("nonfinite", m, s.source, float(count), 0.0, ("gradient_overflow",),
                     f"{s.source} non-finite from step {step} ({count} steps)", "nonfinite")]
+
+
+def _finite_forward_steps_after(run: CanonicalRun, index: int) -> int:
+    """Logged steps after grid index ``index`` at which every forward metric the run logs (loss,
+    KL, entropy) is finite; 0 when it logs none of them (nothing to tell a skip from an overflow)."""
+    forward = [run.metrics[m] for m in ("pg_loss", "kl", "entropy") if m in run.metrics]
+    if not forward:
+        return 0
+    logged = np.zeros(run.steps.size, dtype=bool)
+    for f in forward:
+        logged |= f.observed
+    logged[: index + 1] = False
+    return int(logged.sum())
 
 
 #: 100x the recipes' 1e-6 (SOURCES["rl-lr"]): the LR multiplier of SPEC section 3.

@@ -97,6 +97,7 @@ class Weights:
 #: the whole fingerprint comparison, a documented range less, a trend against healthy dynamics least.
 FINDING_WEIGHTS: dict[str, float] = {
     "nonfinite": 4.0,
+    "nonfinite_update_skipped": 4.0,
     "grad_norm_zero": 4.0,
     "kl_never_moves": 4.0,
     "no_reward_signal": 3.0,

@@ -71,7 +71,9 @@ def test_each_fault_from_step_0_leaves_its_finding():
     t = np.arange(N)
     cases = {
         "grad_norm_zero": {"grad_norm": np.zeros(N), "reward": np.full(N, 0.3)},
-        "nonfinite": {"grad_norm": np.where(t >= 150, math.nan, 0.5)},
+        # An overflow reaches the weights: the KL is NaN from the next step on.
+        "nonfinite": {"grad_norm": np.where(t >= 150, math.nan, 0.5), "kl": np.where(t >= 151, math.nan, 0.01)},
+        "nonfinite_update_skipped": {"grad_norm": np.where(t >= 150, math.nan, 0.5)},
         "reward_never_rises": {"reward": 0.3 + np.random.default_rng(1).normal(0, 0.03, N)},
         "kl_runaway": {"kl": 0.001 * np.exp(t / 25)},
         "no_reward_signal": {"frac_reward_zero_std": np.ones(N)},
@@ -112,3 +114,21 @@ def test_a_reward_that_drops_to_a_constant_while_the_policy_holds_is_the_reward(
     # (never varied) is left to no_reward_signal, which reads the tied groups themselves.
     assert "reward_stuck" not in _rules({**base, "reward": np.where(t >= N - 5, 0.0, base["reward"])})
     assert "reward_stuck" not in _rules({**base, "reward": np.zeros(N)})
+
+
+def test_a_non_finite_gradient_the_framework_skipped_is_an_omitted_update_not_an_overflow():
+    """verl drops an update whose gradient norm is not finite: the grad norm stays NaN while the
+    loss, KL and entropy (computed by the forward pass on weights the NaN never touched) stay
+    finite. That is actor_update_omission; NaN spreading to them is gradient_overflow."""
+    base = _healthy_trl()
+    t = np.arange(N)
+    skipped = whole_run_evidence(_run({**base, "grad_norm": np.where(t >= 150, math.nan, 0.5)}))
+    found = [f for f in skipped if f.rule.startswith("nonfinite")]
+    assert [f.rule for f in found] == ["nonfinite_update_skipped"]
+    assert found[0].supports == ("actor_update_omission",) and found[0].source == "skip-nonfinite"
+    # Too few steps after it to tell (a run that ends at its first NaN): an overflow, as before.
+    late = _rules({**base, "grad_norm": np.where(t >= N - 3, math.nan, 0.5)})
+    assert "nonfinite" in late and "nonfinite_update_skipped" not in late
+    # A run that logs no loss, KL or entropy cannot tell a skip from an overflow either.
+    bare = {"reward": base["reward"], "grad_norm": np.where(t >= 150, math.nan, 0.5)}
+    assert "nonfinite" in _rules(bare) and "nonfinite_update_skipped" not in _rules(bare)
