@@ -333,6 +333,32 @@ def _reward_stuck(run: CanonicalRun) -> list[Finding]:
                     "completion scores the same, so the reward, not the policy, stopped scoring", "grpo-advantage")]
 
 
+#: Steps a reward function must score exactly 0 for every completion to say it never scores.
+COMPONENT_SILENT_STEPS = 20
+REWARD_COMPONENT = "reward_component/"  # vocabulary.canonical_name's prefix for one function's mean
+
+
+@rule("reward_component_silent")
+def _reward_component_silent(run: CanonicalRun) -> list[Finding]:
+    """One reward function's mean is exactly 0 at every logged step (TRL logs one per function,
+    ``rewards/<function>/mean``): it gives every completion the same 0, so it adds nothing to any
+    advantage and the behaviour it should reward is never learned (a format regex that never
+    matches). A component held at another value is left alone: a format reward at 1 from the start
+    is a model that already formats well."""
+    out = []
+    for name, s in run.metrics.items():
+        if not name.startswith(REWARD_COMPONENT):
+            continue
+        v = _finite(s)
+        if v.size < COMPONENT_SILENT_STEPS or np.any(v != 0.0):
+            continue
+        out.append(Finding("reward_component_silent", name, s.source, float(v.size), COMPONENT_SILENT_STEPS,
+                           ("reward_fault",), f"{s.source} is exactly 0 at all {v.size} steps: that reward "
+                           "function scores every completion the same, so it adds nothing to any advantage",
+                           "grpo-advantage"))
+    return out
+
+
 #: Entropy below this share of its start is a collapse; above this multiple, an explosion.
 ENTROPY_COLLAPSE = 0.1
 ENTROPY_EXPLOSION = 3.0

@@ -102,6 +102,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "kl_never_moves": 4.0,
     "no_reward_signal": 3.0,
     "reward_stuck": 3.0,
+    "reward_component_silent": 3.0,
     "lr_level": 3.0,
     "rollout_mismatch_level": 2.0,
     "importance_ratio_level": 2.0,

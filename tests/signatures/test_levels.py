@@ -132,3 +132,19 @@ def test_a_non_finite_gradient_the_framework_skipped_is_an_omitted_update_not_an
     # A run that logs no loss, KL or entropy cannot tell a skip from an overflow either.
     bare = {"reward": base["reward"], "grad_norm": np.where(t >= 150, math.nan, 0.5)}
     assert "nonfinite" in _rules(bare) and "nonfinite_update_skipped" not in _rules(bare)
+
+
+def test_a_reward_function_that_never_scores_is_a_reward_fault_one_that_saturates_is_not():
+    """TRL logs each reward function's mean (rewards/<function>/mean): a format regex that never
+    matches scores 0 for every completion, while the run learns from its other reward."""
+    base = _healthy_trl()
+    silent = {**base, "rewards/accuracy_reward/mean": base["reward"], "rewards/format_reward/mean": np.zeros(N)}
+    found = [f for f in whole_run_evidence(_run(silent)) if f.rule == "reward_component_silent"]
+    assert len(found) == 1 and found[0].source_name == "rewards/format_reward/mean"
+    assert found[0].supports == ("reward_fault",)
+    # A format reward at 1 from the start is a model that already formats: nothing to say.
+    assert "reward_component_silent" not in _rules({**silent, "rewards/format_reward/mean": np.ones(N)})
+    # One completion in one step scoring: it does score.
+    once = np.zeros(N)
+    once[77] = 0.125
+    assert "reward_component_silent" not in _rules({**silent, "rewards/format_reward/mean": once})
