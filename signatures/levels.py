@@ -177,30 +177,54 @@ NONFINITE_METRICS = ("grad_norm", "pg_loss", "kl", "entropy")
 SKIPPED_UPDATE_STEPS = 5
 
 
+def _nonfinite_hits(run: CanonicalRun) -> list[tuple[str, CanonicalSeries]]:
+    return [(m, run.metrics[m]) for m in NONFINITE_METRICS if m in run.metrics and run.metrics[m].has_nonfinite]
+
+
+def _skipped_updates(run: CanonicalRun) -> int | None:
+    """Logged steps after the first non-finite gradient norm over which the forward metrics stay
+    finite, where only the gradient norm is non-finite and there are at least
+    :data:`SKIPPED_UPDATE_STEPS` of them (a framework that skipped those updates); else None."""
+    hits = _nonfinite_hits(run)
+    if [m for m, _ in hits] != ["grad_norm"]:
+        return None
+    after = _finite_forward_steps_after(run, hits[0][1].first_nonfinite_index())
+    return after if after >= SKIPPED_UPDATE_STEPS else None
+
+
 @rule("nonfinite")
 def _nonfinite(run: CanonicalRun) -> list[Finding]:
-    """NaN/inf in the gradient norm, loss, KL or entropy: an overflow (SPEC section 3), unless only
-    the gradient norm is non-finite and the forward metrics stay finite for the steps after it. That
-    is a framework that skips an update whose gradient norm is not finite (verl's actor does), so
-    the NaN never reached the weights; what is wrong is that those updates were dropped
-    (``actor_update_omission``), and a gradient that overflowed once would not stay non-finite for
-    steps on end in a model whose weights it never touched."""
-    hits = [(m, run.metrics[m]) for m in NONFINITE_METRICS if m in run.metrics and run.metrics[m].has_nonfinite]
-    if not hits:
+    """NaN/inf in the gradient norm, loss, KL or entropy: an overflow (SPEC section 3), unless the
+    updates were skipped (``nonfinite_update_skipped``)."""
+    hits = _nonfinite_hits(run)
+    if not hits or _skipped_updates(run) is not None:
         return []
     m, s = min(hits, key=lambda h: h[1].first_nonfinite_index())
     step = run.first_nonfinite_step(m)
     count = int(s.nonfinite.sum())
-    if [h[0] for h in hits] == ["grad_norm"]:
-        after = _finite_forward_steps_after(run, s.first_nonfinite_index())
-        if after >= SKIPPED_UPDATE_STEPS:
-            return [Finding("nonfinite_update_skipped", m, s.source, float(count), SKIPPED_UPDATE_STEPS,
-                            ("actor_update_omission",),
-                            f"{s.source} non-finite from step {step} ({count} steps) while the loss, KL and "
-                            f"entropy stay finite for the {after} steps after it: those updates were skipped, "
-                            "the NaN never reached the weights", "skip-nonfinite")]
     return [Finding("nonfinite", m, s.source, float(count), 0.0, ("gradient_overflow",),
                     f"{s.source} non-finite from step {step} ({count} steps)", "nonfinite")]
+
+
+@rule("nonfinite_update_skipped")
+def _nonfinite_update_skipped(run: CanonicalRun) -> list[Finding]:
+    """Only the gradient norm is non-finite, and the loss, KL and entropy stay finite for the steps
+    after it: a framework that skips an update whose gradient norm is not finite (verl's actor
+    does), so the NaN never reached the weights. What is wrong is that those updates were dropped
+    (``actor_update_omission``); an overflow that reached the weights makes the forward metrics NaN
+    from the next step, and a gradient would not stay non-finite for steps on end in a model whose
+    weights it never touched unless something keeps producing it."""
+    after = _skipped_updates(run)
+    if after is None:
+        return []
+    s = run.metrics["grad_norm"]
+    step = run.first_nonfinite_step("grad_norm")
+    count = int(s.nonfinite.sum())
+    return [Finding("nonfinite_update_skipped", "grad_norm", s.source, float(count), SKIPPED_UPDATE_STEPS,
+                    ("actor_update_omission",),
+                    f"{s.source} non-finite from step {step} ({count} steps) while the loss, KL and entropy stay "
+                    f"finite for the {after} steps after it: those updates were skipped, the NaN never reached "
+                    "the weights", "skip-nonfinite")]
 
 
 def _finite_forward_steps_after(run: CanonicalRun, index: int) -> int:
