@@ -260,6 +260,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     result = run(args.duration, args.writers, args.workers, args.steps_per_s, args.slow_bodies, args.database_url)
+    result["malloc_arena_max"] = os.environ.get("MALLOC_ARENA_MAX")  # glibc's arenas (docs/reliability.md)
     result["command"] = " ".join(sys.argv)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "rss_mb"}, indent=1))

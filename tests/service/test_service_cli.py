@@ -197,3 +197,28 @@ def test_migrations_run_from_a_built_wheel(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == head_revision()
+
+
+@pytest.mark.parametrize("preset", [None, "4"])
+def test_serve_caps_the_malloc_arenas_of_its_workers_unless_told_otherwise(tmp_path, monkeypatch, preset):
+    """Worker processes start with MALLOC_ARENA_MAX=2 (fewer glibc arenas, less RSS growth under the
+    request threads; docs/reliability.md), and a value already in the environment is kept."""
+    import uvicorn
+    from moeproxy.cli import app
+    from typer.testing import CliRunner
+
+    from moeproxy.config import get_settings
+
+    # Every variable serve sets goes through monkeypatch first, so this process gets it back.
+    monkeypatch.setenv("MOEPROXY_DATABASE_URL", f"sqlite:///{tmp_path / 'm.db'}")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", preset or "unset")
+    if preset is None:
+        monkeypatch.delenv("MALLOC_ARENA_MAX")
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: seen.update(kw, arenas=os.environ.get("MALLOC_ARENA_MAX")))
+    try:
+        res = CliRunner().invoke(app, ["serve", "--no-upgrade", "--workers", "2", "--port", str(free_port())])
+    finally:
+        get_settings.cache_clear()
+    assert res.exit_code == 0, res.output
+    assert seen["workers"] == 2 and seen["arenas"] == (preset or "2")
