@@ -159,6 +159,8 @@ def test_log_rejects_bad_steps_at_once(tmp_path):
     try:
         with pytest.raises(ValueError):
             client.log(-1, {"a": 1.0})
+        with pytest.raises(ValueError, match="2\\*\\*63"):  # the server's steps are 64-bit
+            client.log(2**63, {"a": 1.0})
         with pytest.raises(TypeError):
             client.log(1.5, {"a": 1.0})
         with pytest.raises(TypeError):
