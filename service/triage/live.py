@@ -122,6 +122,7 @@ class LiveTriage:
             return None
 
     def _loop(self) -> None:
+        self._warm()
         while (run_id := self._next()) is not None:
             ran = False
             try:
@@ -135,6 +136,18 @@ class LiveTriage:
                     self._busy.discard(run_id)
                     self.evaluations += int(ran)
                     self._cond.notify_all()
+
+    def _warm(self) -> None:
+        """Load the library and compile DTW now, at start-up, rather than inside the first
+        evaluation: the compile holds the GIL for seconds, and the first evaluation comes right
+        after a job's first batch (an import of 1,000,000 points waited 3.4 s on its second
+        request for it). Until it is done, evaluations wait; ingest does not."""
+        try:
+            self.engine.warm()
+        except LibraryUnavailable as exc:
+            log.warning("live triage could not load its library at start-up: %s", exc.detail)
+        except Exception:  # evaluations will try again and say what is wrong, run by run
+            log.exception("live triage warm-up failed")
 
     def evaluate(self, run_id: int) -> bool:
         """Evaluate one run now; False when skipped (evaluated elsewhere within the interval, or gone).
@@ -177,8 +190,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start live triage and the alert outbox with the app (``LIFESPAN_HOOKS`` in service/app.py).
 
     Both are off when the app's Database is bound to one open connection (the tests' rolled-back
-    transaction): a connection cannot be shared with background threads.  The first evaluation
-    in a process compiles DTW (seconds, SPEC section 8); it happens on the live-triage thread.
+    transaction): a connection cannot be shared with background threads.  DTW compiles (seconds,
+    SPEC section 8) on the live-triage thread as it starts, before any evaluation.
     """
     database = app.state.database
     if isinstance(database.bind, Connection):

@@ -120,3 +120,29 @@ def test_debounce_at_most_once_per_interval_and_trailing_edge(live_db, fingerpri
 
 def test_live_triage_is_off_on_a_shared_test_connection(ui_client, ui_app):
     assert ui_app.state.live_triage is None  # one connection cannot be shared with background threads
+
+
+def test_live_triage_compiles_dtw_as_it_starts_not_inside_the_first_evaluation():
+    """The warm-up (library load, DTW compile: seconds with the GIL held) runs when the thread
+    starts, so a job's first batches are not slowed by it; a warm-up that fails leaves the thread
+    running (evaluations say what is wrong, run by run)."""
+    from moeproxy.service.triage.errors import LibraryUnavailable
+
+    class Engine:
+        def __init__(self, fail: bool):
+            self.fail, self.warmed = fail, threading.Event()
+
+        def warm(self):
+            self.warmed.set()
+            if self.fail:
+                raise LibraryUnavailable("no such file")
+
+    for fail in (False, True):
+        engine = Engine(fail)
+        live = LiveTriage(None, engine, None, interval_s=1.0).start()
+        try:
+            assert engine.warmed.wait(10)
+            time.sleep(0.05)
+            assert live._thread is not None and live._thread.is_alive() and live.evaluations == 0
+        finally:
+            live.stop()
