@@ -159,6 +159,11 @@ class Candidate:
     fingerprint_score: float | None = None  # before the whole-run findings (None: no findings)
     findings: tuple[Finding, ...] = ()  # the whole-run findings for or against this class
 
+    @property
+    def before_findings(self) -> float:
+        """The class's score from its fingerprints alone, before the whole-run findings moved it."""
+        return self.score if self.fingerprint_score is None else self.fingerprint_score
+
     def to_dict(self, *, details: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {
             "fault_class": self.fault_class,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from moeproxy.signatures.build import build_fingerprint, signatures_of
+from moeproxy.signatures.build import signatures_of
 from moeproxy.signatures.calibrate import project_run
 from moeproxy.signatures.canonical import canonicalise
 from moeproxy.signatures.features import SignatureParams
@@ -16,21 +16,14 @@ from moeproxy.signatures.fingerprint import FingerprintLibrary
 from moeproxy.signatures.matching import WEIGHTS, flat_in_view, score_fingerprint, triage
 from moeproxy.signatures.synthetic import synthetic_run
 
-STEPS = 60
-CLASS = "stale_weight_sync"
-
-
-def _part(result, fault_class: str) -> float:
-    c = {c.fault_class: c for c in result.candidates}[fault_class]
-    return c.score if c.fingerprint_score is None else c.fingerprint_score
+from .conftest import GATED_CLASS as CLASS
+from .conftest import GATED_STEPS as STEPS
+from .conftest import class_part as _part
 
 
 @pytest.fixture(scope="module")
-def parts():
-    twins = [synthetic_run("healthy", steps=STEPS, seed=s) for s in range(3)]
-    faults = [synthetic_run(CLASS, steps=STEPS, onset=25, seed=s) for s in range(3)]
-    fp = build_fingerprint(CLASS, faults, twins, params={"onset": 25}, fingerprint_id=f"{CLASS}/onset=25")
-    healthy = build_fingerprint("healthy", twins)
+def parts(gated_parts):
+    fp, healthy, _, _ = gated_parts
     # No twin bar and no separation gate here: what is tested is the view rule alone.
     fp = replace(fp, twin_score=None, separation=None)
     # One affected metric the fingerprint's runs left flat, beside the ones that moved.

@@ -8,29 +8,20 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from moeproxy.signatures.build import build_fingerprint, signatures_of
+from moeproxy.signatures.build import signatures_of
 from moeproxy.signatures.features import SignatureParams
 from moeproxy.signatures.fingerprint import FingerprintLibrary, InvalidLibrary, library_from_dict
 from moeproxy.signatures.matching import WEIGHTS, score_fingerprint, triage
 from moeproxy.signatures.synthetic import synthetic_run
 
-STEPS = 60
-CLASS = "stale_weight_sync"
-
-
-def _fingerprint_part(result, fault_class: str) -> float:
-    """A class's score before the whole-run findings (the candidate's score when there are none)."""
-    c = {c.fault_class: c for c in result.candidates}[fault_class]
-    return c.score if c.fingerprint_score is None else c.fingerprint_score
+from .conftest import GATED_CLASS as CLASS
+from .conftest import GATED_STEPS as STEPS
+from .conftest import class_part as _fingerprint_part
 
 
 @pytest.fixture(scope="module")
-def parts():
-    twins = [synthetic_run("healthy", steps=STEPS, seed=s) for s in range(3)]
-    faults = [synthetic_run(CLASS, steps=STEPS, onset=25, seed=s) for s in range(3)]
-    fp = build_fingerprint(CLASS, faults, twins, params={"onset": 25}, fingerprint_id=f"{CLASS}/onset=25")
-    healthy = build_fingerprint("healthy", twins)
-    return fp, healthy, faults, twins
+def parts(gated_parts):
+    return gated_parts
 
 
 def test_the_build_keeps_the_best_twin_score_beside_the_separation(parts):
@@ -53,7 +44,7 @@ def test_twin_score_survives_the_library_file_and_is_validated(parts):
 
 
 def test_a_run_that_matches_no_better_than_a_twin_adds_no_score(parts):
-    fp, healthy, faults, twins = parts
+    fp, healthy, _, _ = parts
     fresh_twin = synthetic_run("healthy", steps=STEPS, seed=11)
     raw = score_fingerprint(signatures_of([fresh_twin], SignatureParams())[0], fp).score
     assert raw > 0
