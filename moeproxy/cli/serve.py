@@ -92,8 +92,8 @@ def serve(
     if public_ui:
         os.environ["MOEPROXY_PUBLIC_UI"] = "1"
     # glibc gives threads that allocate their own malloc arenas (up to 8 per core), and freed memory
-    # stays spread over them: capped at 2, a 10-minute soak of two workers grew +8.2 % after warm-up
-    # against +13.0 % uncapped, side by side (docs/reliability.md). glibc reads the variable when a
+    # stays spread over them: capped at 2, a 10-minute soak of two workers grew +8.2 % and +11.2 %
+    # after warm-up against +13.0 % uncapped (docs/reliability.md). glibc reads the variable when a
     # process starts, so it reaches the worker processes started below; one in-process worker needs
     # it in the environment already (the Docker image sets it). A value the user set wins.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
