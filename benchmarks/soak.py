@@ -17,6 +17,9 @@ points/s, p50/p99 of the raw batches, server errors seen, points lost, RSS growt
 
     nice -n 10 python benchmarks/soak.py --duration 600 --writers 32 --workers 2
 
+``--steps-per-run N`` starts a new run every N steps instead of one run per writer: with bounded
+runs, state that grows with a run's length (live triage reads the whole run) is told from a leak.
+
 Writes ``benchmarks/results/soak.json``. ``tests/service/test_soak.py`` runs a 30-second version
 in CI and checks the counts (0 lost, 0 server errors), not the times.
 """
@@ -95,39 +98,59 @@ class Stats:
                 self.server_errors += 1
 
 
-def _client_writer(url: str, token: str, name: str, stop: threading.Event, rate: float, stats: Stats, spill: Path):
+def _run_names(name: str, steps_per_run: int):
+    """The writer's run names: one run for the whole soak, or a new run every ``steps_per_run``."""
+    if not steps_per_run:
+        yield name
+        return
+    k = 0
+    while True:
+        yield f"{name}-{k}"
+        k += 1
+
+
+def _client_writer(url: str, token: str, name: str, stop: threading.Event, rate: float, stats: Stats, spill: Path,
+                   steps_per_run: int = 0):
     from moeproxy.client import MetricsClient
 
-    client = MetricsClient(url, token, name, framework="verl", flush_interval_s=1.0, spill_path=spill,
-                           close_timeout_s=120, register_atexit=False)
-    step, period = 0, 1.0 / rate
-    while not stop.is_set():
-        client.log(step, _values(step, hash(name) % 1000))
-        step += 1
-        stop.wait(period)
-    client.close()
-    with stats.lock:
-        stats.sent[name] = step
+    period = 1.0 / rate
+    for run_name in _run_names(name, steps_per_run):
+        client = MetricsClient(url, token, run_name, framework="verl", flush_interval_s=1.0,
+                               spill_path=spill.with_name(f"{run_name}.jsonl"), close_timeout_s=120,
+                               register_atexit=False)
+        step = 0
+        while not stop.is_set() and not (steps_per_run and step >= steps_per_run):
+            client.log(step, _values(step, hash(name) % 1000))
+            step += 1
+            stop.wait(period)
+        client.close()
+        with stats.lock:
+            stats.sent[run_name] = step
+        if stop.is_set():
+            return
 
 
-def _raw_writer(url: str, token: str, name: str, stop: threading.Event, stats: Stats):
+def _raw_writer(url: str, token: str, name: str, stop: threading.Event, stats: Stats, steps_per_run: int = 0):
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-        run_id = http.post("/api/v1/runs", json={"name": name, "framework": "verl"}).json()["id"]
-        step = 0
-        while not stop.is_set():
-            body = {"steps": [{"step": s, "values": _values(s, 1)} for s in range(step, step + 10)]}
-            t0 = time.perf_counter()
-            reply = http.post(f"/api/v1/runs/{run_id}/metrics", json=body)
-            stats.status(reply.status_code)
-            if reply.status_code == 200:
-                with stats.lock:
-                    stats.latencies.append(time.perf_counter() - t0)
-                step += 10
-            elif reply.status_code in (429, 503):
-                stop.wait(float(reply.headers.get("retry-after", "1")))
-    with stats.lock:
-        stats.sent[name] = step
+        for run_name in _run_names(name, steps_per_run):
+            run_id = http.post("/api/v1/runs", json={"name": run_name, "framework": "verl"}).json()["id"]
+            step = 0
+            while not stop.is_set() and not (steps_per_run and step >= steps_per_run):
+                body = {"steps": [{"step": s, "values": _values(s, 1)} for s in range(step, step + 10)]}
+                t0 = time.perf_counter()
+                reply = http.post(f"/api/v1/runs/{run_id}/metrics", json=body)
+                stats.status(reply.status_code)
+                if reply.status_code == 200:
+                    with stats.lock:
+                        stats.latencies.append(time.perf_counter() - t0)
+                    step += 10
+                elif reply.status_code in (429, 503):
+                    stop.wait(float(reply.headers.get("retry-after", "1")))
+            with stats.lock:
+                stats.sent[run_name] = step
+            if stop.is_set():
+                return
 
 
 def _page_poller(url: str, token: str, stop: threading.Event, stats: Stats):
@@ -167,7 +190,7 @@ def _slow_bodies(port: int, token: str, n: int, stop: threading.Event):
 
 
 def run(duration_s: float, writers: int, workers: int, steps_per_s: float, slow_bodies: int,
-        base_url: str = DEFAULT_PG) -> dict:
+        base_url: str = DEFAULT_PG, steps_per_run: int = 0) -> dict:
     database_url, schema = _prepare_postgres(base_url)
     from moeproxy import migrations
 
@@ -191,9 +214,9 @@ def run(duration_s: float, writers: int, workers: int, steps_per_s: float, slow_
             name = f"soak-{'client' if i % 2 == 0 else 'raw'}-{i}"
             if i % 2 == 0:
                 t = threading.Thread(target=_client_writer, args=(server.url, tokens[i], name, stop, steps_per_s,
-                                                                  stats, spill_dir / f"{name}.jsonl"))
+                                                                  stats, spill_dir / f"{name}.jsonl", steps_per_run))
             else:
-                t = threading.Thread(target=_raw_writer, args=(server.url, tokens[i], name, stop, stats))
+                t = threading.Thread(target=_raw_writer, args=(server.url, tokens[i], name, stop, stats, steps_per_run))
             threads.append(t)
         threads.append(threading.Thread(target=_page_poller, args=(server.url, tokens[-1], stop, stats)))
         threads.append(threading.Thread(target=_slow_bodies, args=(server.port, tokens[-1], slow_bodies, stop)))
@@ -209,7 +232,13 @@ def run(duration_s: float, writers: int, workers: int, steps_per_s: float, slow_
         elapsed = time.monotonic() - t0
         # Count what arrived, run by run, through the API.
         headers = {"Authorization": f"Bearer {tokens[0]}"}
-        runs = httpx.get(f"{server.url}/api/v1/runs?limit=500", headers=headers, timeout=60).json()["runs"]
+        runs: list[dict] = []
+        while True:  # every page: with --steps-per-run a soak makes thousands of runs
+            page = httpx.get(f"{server.url}/api/v1/runs?limit=500&offset={len(runs)}", headers=headers,
+                             timeout=60).json()
+            runs += page["runs"]
+            if not page["runs"] or len(runs) >= page["total"]:
+                break
         lost = 0
         duplicated = 0
         for r in runs:
@@ -233,6 +262,8 @@ def run(duration_s: float, writers: int, workers: int, steps_per_s: float, slow_
         "workers": workers,
         "steps_per_s_per_client": steps_per_s,
         "slow_body_clients": slow_bodies,
+        "steps_per_run": steps_per_run or None,
+        "runs": len(stats.sent),
         "points_sent": points,
         "points_per_s": round(points / elapsed),
         "raw_batch_p50_ms": round(1000 * statistics.median(lat), 1) if lat else None,
@@ -257,9 +288,13 @@ def main() -> None:
     ap.add_argument("--steps-per-s", type=float, default=5.0, help="steps a MetricsClient writer logs each second")
     ap.add_argument("--slow-bodies", type=int, default=4)
     ap.add_argument("--database-url", default=DEFAULT_PG)
+    ap.add_argument("--steps-per-run", type=int, default=0,
+                    help="start a new run every N steps (0: one run per writer for the whole soak); bounded runs "
+                         "tell state that grows with a run's length from a leak")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    result = run(args.duration, args.writers, args.workers, args.steps_per_s, args.slow_bodies, args.database_url)
+    result = run(args.duration, args.writers, args.workers, args.steps_per_s, args.slow_bodies, args.database_url,
+                 args.steps_per_run)
     result["malloc_arena_max"] = os.environ.get("MALLOC_ARENA_MAX")  # glibc's arenas (docs/reliability.md)
     result["command"] = " ".join(sys.argv)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
