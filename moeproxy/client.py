@@ -120,9 +120,10 @@ class BatchRejected(Exception):
 _KEEP_ON_REJECT = frozenset({401, 403, 404})
 
 
-#: The server stores steps as 64-bit integers (service.limits.INT64_MAX); a larger one is refused
-#: at log(), where the caller sees it, not by the sending thread.
-_MAX_STEP = 2**63 - 1
+#: The server stores steps as 64-bit integers (service.limits.INT64_MAX, which the client may not
+#: import); a larger one is refused at log(), where the caller sees it, not by the sending thread,
+#: and by the importers' step parser (importers.base.as_step), which names the file and line.
+MAX_STEP = 2**63 - 1
 
 
 def encode_value(value: float) -> float | str:
@@ -239,7 +240,7 @@ class MetricsClient:
                 step = int(step.__index__())  # numpy / torch integer scalars
             except (AttributeError, TypeError):
                 raise TypeError(f"step must be an integer, got {type(step).__name__}") from None
-        if not 0 <= step <= _MAX_STEP:
+        if not 0 <= step <= MAX_STEP:
             raise ValueError(f"step must be an integer in [0, 2**63 - 1] (the server's 64-bit steps), got {step}")
         clean = self._convert(values)
         if not clean:

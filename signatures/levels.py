@@ -181,14 +181,14 @@ def _nonfinite_hits(run: CanonicalRun) -> list[tuple[str, CanonicalSeries]]:
     return [(m, run.metrics[m]) for m in NONFINITE_METRICS if m in run.metrics and run.metrics[m].has_nonfinite]
 
 
-def _skipped_updates(run: CanonicalRun) -> int | None:
-    """Logged steps after the first non-finite gradient norm over which the forward metrics stay
-    finite, where only the gradient norm is non-finite and there are at least
-    :data:`SKIPPED_UPDATE_STEPS` of them (a framework that skipped those updates); else None."""
-    hits = _nonfinite_hits(run)
+def _skipped_updates(run: CanonicalRun, hits: list[tuple[str, CanonicalSeries]]) -> int | None:
+    """Where the gradient norm is the only non-finite metric (``hits``, from :func:`_nonfinite_hits`),
+    the logged steps after its first NaN that log a forward metric (loss, KL, entropy: all finite,
+    since nothing else is non-finite), if there are at least :data:`SKIPPED_UPDATE_STEPS` (a
+    framework that skipped those updates); else None."""
     if [m for m, _ in hits] != ["grad_norm"]:
         return None
-    after = _finite_forward_steps_after(run, hits[0][1].first_nonfinite_index())
+    after = _forward_steps_after(run, hits[0][1].first_nonfinite_index())
     return after if after >= SKIPPED_UPDATE_STEPS else None
 
 
@@ -197,7 +197,7 @@ def _nonfinite(run: CanonicalRun) -> list[Finding]:
     """NaN/inf in the gradient norm, loss, KL or entropy: an overflow (SPEC section 3), unless the
     updates were skipped (``nonfinite_update_skipped``)."""
     hits = _nonfinite_hits(run)
-    if not hits or _skipped_updates(run) is not None:
+    if not hits or _skipped_updates(run, hits) is not None:
         return []
     m, s = min(hits, key=lambda h: h[1].first_nonfinite_index())
     step = run.first_nonfinite_step(m)
@@ -214,7 +214,7 @@ def _nonfinite_update_skipped(run: CanonicalRun) -> list[Finding]:
     (``actor_update_omission``); an overflow that reached the weights makes the forward metrics NaN
     from the next step, and a gradient would not stay non-finite for steps on end in a model whose
     weights it never touched unless something keeps producing it."""
-    after = _skipped_updates(run)
+    after = _skipped_updates(run, _nonfinite_hits(run))
     if after is None:
         return []
     s = run.metrics["grad_norm"]
@@ -227,9 +227,9 @@ def _nonfinite_update_skipped(run: CanonicalRun) -> list[Finding]:
                     "the weights", "skip-nonfinite")]
 
 
-def _finite_forward_steps_after(run: CanonicalRun, index: int) -> int:
-    """Logged steps after grid index ``index`` at which every forward metric the run logs (loss,
-    KL, entropy) is finite; 0 when it logs none of them (nothing to tell a skip from an overflow)."""
+def _forward_steps_after(run: CanonicalRun, index: int) -> int:
+    """Steps after grid index ``index`` at which the run logs a forward metric (loss, KL,
+    entropy); 0 when it logs none of them (nothing to tell a skip from an overflow)."""
     forward = [run.metrics[m] for m in ("pg_loss", "kl", "entropy") if m in run.metrics]
     if not forward:
         return 0

@@ -6,6 +6,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from moeproxy.client import MAX_STEP
+
 #: One logged step as a reader yields it: (step, {name: value}); values may be anything the source
 #: holds (the registry keeps the numbers).
 Record = tuple[int, Mapping[str, Any]]
@@ -27,6 +29,8 @@ def as_step(raw: Any, where: str) -> int:
         raise InvalidSource(f"{where}: step must be an integer >= 0, got {raw!r}") from None
     if not exact or step < 0:
         raise InvalidSource(f"{where}: step must be an integer >= 0, got {raw!r}")
+    if step > MAX_STEP:
+        raise InvalidSource(f"{where}: step {step} is above 2**63 - 1, the largest step the service stores")
     return step
 
 

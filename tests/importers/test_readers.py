@@ -356,6 +356,10 @@ def test_bad_files_name_the_file_and_the_line(tmp_path):
     table.write_text("step,loss\n0,1.0\n1.5,0.9\n")
     with pytest.raises(InvalidSource, match=rf"{table}: line 3: step must be an integer"):
         read_source(table)
+    # A step the service cannot store (64-bit) is the file's error, named there, not a failed send.
+    table.write_text(f"step,loss\n0,1.0\n{2**63},0.9\n")
+    with pytest.raises(InvalidSource, match=rf"{table}: line 3: step {2**63} is above 2\*\*63 - 1"):
+        read_source(table)
     (tmp_path / "nostep.csv").write_text("iteration,loss\n0,1.0\n")
     with pytest.raises(InvalidSource, match="no step column"):
         read_source(tmp_path / "nostep.csv")
