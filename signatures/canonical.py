@@ -237,23 +237,70 @@ class CanonicalRun:
         return None if i is None else int(self.steps[i])
 
 
-def canonicalise(run: RunMetrics, *, aliases: Iterable[MetricAlias] = DEFAULT_ALIASES,
+@dataclass(frozen=True)
+class SeriesBins:
+    """What resampling keeps of one series on a grid (its sufficient statistics): for each grid bin
+    that holds a logged point, the sum and count of its finite values and its non-finite counts.
+
+    A database computes these without sending the points (``GROUP BY`` the bin), so a run of any
+    length reaches triage in at most ``MAX_GRID_POINTS`` rows per metric; :func:`bin_series` computes
+    the same from the points.  ``lowest`` / ``highest`` (the extremes of each bin's finite values,
+    NaN where it has none) are only for drawing and may be absent.
+    """
+
+    bins: np.ndarray  # grid indices of the bins that hold a point, increasing (int64)
+    finite_sum: np.ndarray
+    finite_count: np.ndarray  # int64
+    nan: np.ndarray  # int64 counts per bin, likewise posinf and neginf
+    posinf: np.ndarray
+    neginf: np.ndarray
+    last_step: int
+    lowest: np.ndarray | None = None
+    highest: np.ndarray | None = None
+
+    @property
+    def nonfinite(self) -> np.ndarray:
+        return (self.nan + self.posinf + self.neginf) > 0
+
+
+@dataclass(frozen=True)
+class BinnedRun:
+    """A run on its canonical grid, before renaming: logged name -> :class:`SeriesBins`."""
+
+    grid: np.ndarray
+    series: Mapping[str, SeriesBins]
+    framework: str | None = None
+    name: str | None = None
+
+    @property
+    def last_step(self) -> int | None:
+        return max((b.last_step for b in self.series.values()), default=None)
+
+
+def canonicalise(run: RunMetrics | BinnedRun, *, aliases: Iterable[MetricAlias] = DEFAULT_ALIASES,
                  framework: str | None = None, max_points: int = MAX_GRID_POINTS) -> CanonicalRun:
-    """Rename to canonical metrics and resample onto one step grid."""
+    """Rename to canonical metrics and resample onto one step grid (``run`` as points, binned here,
+    or already binned, as the service reads a long run)."""
+    binned = run if isinstance(run, BinnedRun) else bin_run(run, max_points=max_points)
     alias_list = list(aliases)
-    fw = framework or run.framework
+    fw = framework or binned.framework
     index = alias_index(alias_list, fw)
     priority = {a.name: i for i, a in enumerate(alias_list)}
     chosen: dict[str, str] = {}  # canonical -> logged name
-    for logged in sorted(run.series, key=lambda n: (priority.get(n, len(priority)), n)):
-        if run.series[logged].steps.size == 0:
-            continue
+    for logged in sorted(binned.series, key=lambda n: (priority.get(n, len(priority)), n)):
         canon = canonical_name(logged, index)
         chosen.setdefault(canon if canon not in chosen else logged, logged)
-    steps = step_grid([run.series[n].steps for n in chosen.values()], max_points=max_points)
-    metrics = {c: resample(c, logged, run.series[logged], steps) for c, logged in chosen.items()}
+    metrics = {c: fill(c, logged, binned.series[logged], binned.grid.size) for c, logged in chosen.items()}
     renamed = {logged: c for c, logged in chosen.items() if c != logged}
-    return CanonicalRun(steps, metrics, fw, run.name, renamed)
+    return CanonicalRun(binned.grid, metrics, fw, binned.name, renamed)
+
+
+def bin_run(run: RunMetrics, *, max_points: int = MAX_GRID_POINTS, extremes: bool = False) -> BinnedRun:
+    """Every logged (non-empty) series of ``run`` binned on the grid of :func:`step_grid`."""
+    logged = {name: s for name, s in run.series.items() if s.steps.size}
+    grid = step_grid([s.steps for s in logged.values()], max_points=max_points)
+    return BinnedRun(grid, {n: bin_series(s, grid, extremes=extremes) for n, s in logged.items()},
+                     run.framework, run.name)
 
 
 def step_grid(step_lists: Sequence[np.ndarray], *, max_points: int = MAX_GRID_POINTS) -> np.ndarray:
@@ -265,23 +312,59 @@ def step_grid(step_lists: Sequence[np.ndarray], *, max_points: int = MAX_GRID_PO
     hi = max(int(s[-1]) for s in nonempty)
     # Offsets of every series from the first step count too: steps 0,10,20 and 5,15 need stride 5.
     gaps = [np.diff(s - lo, prepend=0) for s in nonempty]
-    stride = int(reduce(math.gcd, (int(g) for d in gaps for g in np.unique(d)), 0)) or 1
+    stride = int(reduce(math.gcd, (int(g) for d in gaps for g in np.unique(d)), 0))
+    return grid_over(lo, hi, stride, max_points=max_points)
+
+
+def grid_over(lo: int, hi: int, stride: int, *, max_points: int = MAX_GRID_POINTS) -> np.ndarray:
+    """The grid from ``lo`` to ``hi`` at ``stride`` (the gcd of every logged step's offset from
+    ``lo``; 0 when only ``lo`` is logged), widened by a whole factor to keep ``max_points``."""
+    stride = stride or 1
     n = (hi - lo) // stride + 1
     if n > max_points:
         stride *= math.ceil(n / max_points)
     return np.arange(lo, hi + 1, stride, dtype=np.int64)
 
 
-def resample(canonical: str, logged: str, series: MetricSeries, grid: np.ndarray) -> CanonicalSeries:
-    """Bin one series onto the grid (mean of finite values per bin), then fill gaps."""
+def bin_series(series: MetricSeries, grid: np.ndarray, *, extremes: bool = False) -> SeriesBins:
+    """The sufficient statistics of ``series`` on ``grid`` (the reference for the database's)."""
     n = grid.size
     stride = int(grid[1] - grid[0]) if n > 1 else 1
     bins = np.clip((series.steps - grid[0]) // stride, 0, n - 1).astype(np.int64)
-    finite = np.isfinite(series.values)
-    sums = np.bincount(bins[finite], weights=series.values[finite], minlength=n)
-    counts = np.bincount(bins[finite], minlength=n)
-    observed = np.bincount(bins, minlength=n) > 0
-    nonfinite = np.bincount(bins[~finite], minlength=n) > 0
+    values = series.values
+    finite = np.isfinite(values)
+    held = np.flatnonzero(np.bincount(bins, minlength=n))
+    sums = np.bincount(bins[finite], weights=values[finite], minlength=n)
+
+    def count_where(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(bins[mask], minlength=n)[held]
+
+    lowest = highest = None
+    if extremes:
+        low, high = np.full(n, np.inf), np.full(n, -np.inf)
+        np.minimum.at(low, bins[finite], values[finite])
+        np.maximum.at(high, bins[finite], values[finite])
+        lowest = np.where(np.isfinite(low[held]), low[held], np.nan)
+        highest = np.where(np.isfinite(high[held]), high[held], np.nan)
+    return SeriesBins(
+        held, sums[held], count_where(finite), count_where(np.isnan(values)), count_where(values == np.inf),
+        count_where(values == -np.inf), int(series.steps[-1]), lowest, highest,
+    )
+
+
+def resample(canonical: str, logged: str, series: MetricSeries, grid: np.ndarray) -> CanonicalSeries:
+    """Bin one series onto the grid (mean of finite values per bin), then fill gaps."""
+    return fill(canonical, logged, bin_series(series, grid), grid.size)
+
+
+def fill(canonical: str, logged: str, binned: SeriesBins, n: int) -> CanonicalSeries:
+    """One binned metric as a canonical series on a grid of ``n`` points: the mean of each bin's
+    finite values, the bins without one filled by linear interpolation."""
+    sums, counts = np.zeros(n), np.zeros(n, dtype=np.int64)
+    sums[binned.bins], counts[binned.bins] = binned.finite_sum, binned.finite_count
+    observed, nonfinite = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    observed[binned.bins] = True
+    nonfinite[binned.bins] = binned.nonfinite
     have = counts > 0
     values = np.full(n, np.nan)
     values[have] = sums[have] / counts[have]
@@ -290,9 +373,8 @@ def resample(canonical: str, logged: str, series: MetricSeries, grid: np.ndarray
         values = np.interp(np.arange(n), idx, values[idx])  # holds the end values beyond the ends
     else:
         values = np.zeros(n)
-    bad = series.values[~finite]
     return CanonicalSeries(
         canonical, logged, values, observed, nonfinite,
-        nan_count=int(np.isnan(bad).sum()), posinf_count=int((bad == np.inf).sum()),
-        neginf_count=int((bad == -np.inf).sum()),
+        nan_count=int(binned.nan.sum()), posinf_count=int(binned.posinf.sum()),
+        neginf_count=int(binned.neginf.sum()),
     )

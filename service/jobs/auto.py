@@ -73,11 +73,14 @@ def count_steps(session: Session, run_id: int) -> int:
     ) or 0
 
 
-def after_evaluation(session: Session, row: TriageEvaluation, *, steps: int, settings: Any) -> ReproductionJob | None:
-    """Called when an evaluation of ``row.run_id`` has been stored in ``row`` (``steps``: the
-    distinct steps it saw)."""
+def after_evaluation(session: Session, row: TriageEvaluation, *, settings: Any) -> ReproductionJob | None:
+    """Called when an evaluation of ``row.run_id`` has been stored in ``row``."""
     run = session.get(Run, row.run_id)
-    if run is None or not run.model_uri or not is_weak(row) or steps < settings.job_min_steps:
+    if run is None or not run.model_uri or not is_weak(row):
+        return None
+    # Counted in the database, and only for a weak run that could get a job: triage reads a long
+    # run binned (metrics.read_binned), so it does not hold the run's steps.
+    if count_steps(session, run.id) < settings.job_min_steps:
         return None
     if run.status != RunStatus.running.value:
         trigger = JobTrigger.ended_weak

@@ -29,7 +29,16 @@ from moeproxy.service.metrics.codec import ParsedBatch
 from moeproxy.service.metrics.models import MetricName, MetricPoint
 from moeproxy.service.runs.models import Run
 from moeproxy.service.runs.repository import RunRef
-from sqlalchemy import func, select
+from moeproxy.signatures.canonical import (
+    MAX_GRID_POINTS,
+    BinnedRun,
+    MetricSeries,
+    RunMetrics,
+    SeriesBins,
+    bin_run,
+    grid_over,
+)
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 _PG_UPSERT = (
@@ -206,10 +215,10 @@ _PG_COPY_TRAILER = 2  # int16 -1
 
 def read_metric_arrays(session: Session, run_id: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """name -> (steps, values) of every metric of the run, straight from the driver into numpy:
-    what the run page draws and what live triage evaluates.
+    whole (what a reproduction job compares, and what :func:`read_binned` bins for a short run).
 
-    Both read whole runs (100,000 points for 5,000 steps x 20 metrics); building ORM rows
-    for them costs more than the rest of the page together.  PostgreSQL: binary COPY parsed by
+    A whole run is 100,000 points for 5,000 steps x 20 metrics; building ORM rows for them costs
+    more than the rest of a page together.  PostgreSQL: binary COPY parsed by
     numpy; SQLite: one cursor fetch.  NaN is stored as NULL (metrics/models.py) and comes back NaN.
     """
     ids = dict(session.execute(select(MetricName.id, MetricName.name).where(MetricName.run_id == run_id)).all())
@@ -261,6 +270,77 @@ def _read_postgres(raw, id_list: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return rows["metric_id"].astype(np.int64), rows["step"].astype(np.int64), rows["value"].astype(np.float64)
 
 
+def read_binned(session: Session, run_id: int, *, max_points: int = MAX_GRID_POINTS,
+                framework: str | None = None, name: str | None = None) -> BinnedRun:
+    """The run on the canonical grid of at most ``max_points`` points (signatures/canonical.py),
+    what triage evaluates and the run page draws.
+
+    A run whose metrics each hold at most ``max_points`` points is read whole and binned here.  A
+    longer one is binned by the database (``GROUP BY`` metric and bin), so what crosses the wire
+    and lives in the worker is bounded by the grid however long the run grows: reading a
+    70,000-step run whole for every evaluation made a worker's memory follow the longest run
+    (docs/reliability.md, soak).  Both give the statistics of ``canonical.bin_series``; the sums
+    of a bin may differ in the last bit (the database adds in its own order).
+    """
+    ids = select(MetricName.id).where(MetricName.run_id == run_id).scalar_subquery()
+    extents = session.execute(
+        select(MetricPoint.metric_id, func.min(MetricPoint.step), func.max(MetricPoint.step), func.count())
+        .where(MetricPoint.metric_id.in_(ids))
+        .group_by(MetricPoint.metric_id)
+    ).all()
+    if not extents or max(n for *_, n in extents) <= max_points:
+        arrays = read_metric_arrays(session, run_id)
+        run = RunMetrics({m: MetricSeries(s, v) for m, (s, v) in arrays.items()}, framework, name)
+        return bin_run(run, max_points=max_points, extremes=True)
+    names = dict(session.execute(select(MetricName.id, MetricName.name).where(MetricName.run_id == run_id)).all())
+    lo, hi = min(e[1] for e in extents), max(e[2] for e in extents)
+    grid = grid_over(lo, hi, _step_gcd(session, ids, lo, extents), max_points=max_points)
+    return BinnedRun(grid, _bins_in_database(session, ids, grid, names), framework, name)
+
+
+def _step_gcd(session: Session, ids, lo: int, extents) -> int:
+    """gcd of every step's offset from ``lo``: of each metric's first offset and of the gaps
+    between its consecutive steps (a metric whose steps are contiguous has gap 1, no query)."""
+    offsets = [first - lo for _, first, _, _ in extents]
+    if any(n > 1 and last - first + 1 == n for _, first, last, n in extents):
+        return 1
+    gap = MetricPoint.step - func.lag(MetricPoint.step).over(
+        partition_by=MetricPoint.metric_id, order_by=MetricPoint.step
+    )
+    gaps = select(gap.label("gap")).where(MetricPoint.metric_id.in_(ids)).subquery()
+    found = session.scalars(select(gaps.c.gap).distinct().where(gaps.c.gap.is_not(None))).all()
+    return math.gcd(*offsets, *(int(g) for g in found))
+
+
+def _bins_in_database(session: Session, ids, grid: np.ndarray, names: dict[int, str]) -> dict[str, SeriesBins]:
+    value, step = MetricPoint.value, MetricPoint.step
+    finite_value = case(((value > -math.inf) & (value < math.inf), value))  # not NaN, NULL nor +-inf
+    bin_ = ((step - int(grid[0])) // int(grid[1] - grid[0])).label("bin")
+    rows = session.execute(
+        select(
+            MetricPoint.metric_id, bin_, func.count(), func.count(finite_value), func.sum(finite_value),
+            func.min(finite_value), func.max(finite_value), func.count(case((value == math.inf, 1))),
+            func.count(case((value == -math.inf, 1))), func.max(step),
+        )
+        .where(MetricPoint.metric_id.in_(ids))
+        .group_by(MetricPoint.metric_id, bin_)
+        .order_by(MetricPoint.metric_id, bin_)
+    ).all()
+    table = np.array([r[:9] for r in rows], dtype=np.float64)  # SQL NULL (an empty sum, min, max) -> NaN
+    last = np.array([r[9] for r in rows], dtype=np.int64)
+    metric_col = table[:, 0].astype(np.int64)
+    out: dict[str, SeriesBins] = {}
+    for mid in np.unique(metric_col):
+        at = np.flatnonzero(metric_col == mid)
+        total, finite, posinf, neginf = (table[at, k].astype(np.int64) for k in (2, 3, 7, 8))
+        out[names[int(mid)]] = SeriesBins(
+            bins=table[at, 1].astype(np.int64), finite_sum=np.nan_to_num(table[at, 4], nan=0.0),
+            finite_count=finite, nan=total - finite - posinf - neginf, posinf=posinf, neginf=neginf,
+            last_step=int(last[at[-1]]), lowest=table[at, 5], highest=table[at, 6],
+        )
+    return out
+
+
 def last_step(session: Session, run_id: int) -> int | None:
     return session.scalar(
         select(func.max(MetricPoint.step))
@@ -273,6 +353,7 @@ __all__ = [
     "ingest",
     "last_step",
     "list_metric_names",
+    "read_binned",
     "read_metric_arrays",
     "read_metrics",
     "resolve_metric_ids",

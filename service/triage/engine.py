@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from moeproxy.service.triage.errors import LibraryUnavailable
 from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse, TriageSiblingNote
+from moeproxy.signatures.canonical import BinnedRun
 from moeproxy.signatures.vocabulary import MetricAlias
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class SignatureEngine:
 
     def evaluate(
         self,
-        metrics: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        run: BinnedRun,
         *,
         run_id: int,
         framework: str | None,
@@ -92,14 +93,10 @@ class SignatureEngine:
         now: datetime,
         layer_path: str | None = None,
     ) -> TriageResponse:
-        from moeproxy.signatures.api import RunMetrics, canonicalise, expected_traces, run_signature, triage
-        from moeproxy.signatures.canonical import MetricSeries
+        """``run`` as :func:`moeproxy.service.metrics.repository.read_binned` reads it."""
+        from moeproxy.signatures.api import canonicalise, expected_traces, run_signature, triage
 
         library = self.library_for(layer_path)
-        run = RunMetrics(
-            {name: MetricSeries(steps, values) for name, (steps, values) in metrics.items() if steps.size},
-            framework=framework,
-        )
         sig = run_signature(canonicalise(run, aliases=aliases, framework=framework), library.params)
         result = triage(sig, library, run_id=run_id, now=now)
         candidates = [TriageCandidate(**c.to_dict()) for c in result.candidates]

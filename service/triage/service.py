@@ -10,7 +10,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from moeproxy.service.alerts.channels import channel_urls
 from moeproxy.service.alerts.outbox import enqueue_due
 from moeproxy.service.aliases import repository as aliases
@@ -23,6 +22,7 @@ from moeproxy.service.tokens.models import Project
 from moeproxy.service.triage import repository
 from moeproxy.service.triage.engine import SignatureEngine
 from moeproxy.service.triage.schemas import TriageResponse
+from moeproxy.signatures.canonical import BinnedRun
 from moeproxy.signatures.vocabulary import MetricAlias
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -38,7 +38,8 @@ class EvaluationInput:
     run_name: str
     project: str
     framework: str | None
-    series: dict[str, tuple[np.ndarray, np.ndarray]]
+    #: The run on triage's grid (metrics.read_binned): bounded however long the run is.
+    run: BinnedRun
     aliases: list[MetricAlias]
     #: The newest library layer a reproduction job wrote for the run's model, read over the base
     #: library (service/loop); None: the base library alone.
@@ -51,25 +52,19 @@ def load_input(session: Session, run: Run) -> EvaluationInput:
         run_name=run.name,
         project=session.scalar(select(Project.name).where(Project.id == run.project_id)) or "",
         framework=run.framework,
-        series=metrics.read_metric_arrays(session, run.id),
+        run=metrics.read_binned(session, run.id, framework=run.framework, name=run.name),
         aliases=aliases.effective_aliases(session, run.project_id, run.framework),
         layer_path=getattr(layers.newest_layer(session, run.project_id, run.model_uri), "path", None),
     )
 
 
-def distinct_steps(series: dict[str, tuple[np.ndarray, np.ndarray]]) -> int:
-    if not series:
-        return 0
-    return int(np.unique(np.concatenate([steps for steps, _values in series.values()])).size)
-
-
 def compute(engine: SignatureEngine, data: EvaluationInput) -> TriageResponse:
     """The evaluation itself (no database); a run without metrics gets an empty ranking."""
     now = utcnow()
-    if not data.series:
+    if not data.run.series:
         return TriageResponse(run_id=data.run_id, evaluated_at=now, candidates=[], verdict=NO_METRICS_VERDICT)
     return engine.evaluate(
-        data.series, run_id=data.run_id, framework=data.framework, aliases=data.aliases, now=now,
+        data.run, run_id=data.run_id, framework=data.framework, aliases=data.aliases, now=now,
         layer_path=data.layer_path,
     )
 
@@ -80,7 +75,7 @@ def save(session: Session, result: TriageResponse, data: EvaluationInput, settin
     if not result.candidates:
         return 0
     row = repository.store(session, result)
-    auto_jobs.after_evaluation(session, row, steps=distinct_steps(data.series), settings=settings)
+    auto_jobs.after_evaluation(session, row, settings=settings)
     result.history = repository.history(session, result.run_id)
     channels = list(channel_urls(settings))
     if not channels:

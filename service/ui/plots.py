@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from moeproxy.signatures.canonical import SeriesBins
 
 MAX_POINTS = 1000
 MAX_NONFINITE_MARKERS = 300
@@ -52,6 +53,23 @@ def decimate(
     hi = offsets + np.argmax(padded.reshape(buckets, size), axis=1)
     keep = np.unique(np.concatenate([lo, hi]))
     return steps[keep], values[keep]
+
+
+def binned_points(grid: np.ndarray, binned: SeriesBins) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[int, list[int]]]]:
+    """What to draw of a metric read binned (metrics.read_binned): per bin with a finite value its
+    lowest and highest finite value at the bin's step (one point where they agree, as in a run
+    read whole), and per kind of non-finite value its count and the steps of the bins that held one."""
+    has = binned.finite_count > 0
+    at, low, high = grid[binned.bins[has]], binned.lowest[has], binned.highest[has]
+    two = low != high
+    steps = np.concatenate([at, at[two]])
+    values = np.concatenate([low, high[two]])
+    order = np.argsort(steps, kind="stable")
+    nonfinite = {
+        kind: (int(counts.sum()), grid[binned.bins[counts > 0]].tolist())
+        for kind, counts in (("NaN", binned.nan), ("+inf", binned.posinf), ("-inf", binned.neginf))
+    }
+    return steps[order], values[order], nonfinite
 
 
 def nonfinite_points(steps: np.ndarray, values: np.ndarray) -> dict[str, list[int]]:
@@ -95,10 +113,12 @@ def metric_figure(
     expected: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     change_point: int | None = None,
     reproduction: tuple[str, Sequence[int], Sequence[float]] | None = None,
+    nonfinite: Mapping[str, tuple[int, list[int]]] | None = None,
     max_points: int = MAX_POINTS,
 ) -> MetricFigure:
     """``expected``: fault class -> {"steps", "values"} of that class's expected shape for this metric.
-    ``reproduction``: (legend, steps, values) of a job's reproduction of this metric on the proxy."""
+    ``reproduction``: (legend, steps, values) of a job's reproduction of this metric on the proxy.
+    ``nonfinite``: kind -> (count, steps) when ``values`` does not carry them (:func:`binned_points`)."""
     fig = MetricFigure(name=name, canonical=canonical)
     xs, ys = decimate(steps, values, max_points)
     fig.traces.append(
@@ -135,16 +155,18 @@ def metric_figure(
                 "opacity": 0.85,
             }
         )
-    for kind, at in nonfinite_points(steps, values).items():
+    if nonfinite is None:
+        nonfinite = {kind: (len(at), at) for kind, at in nonfinite_points(steps, values).items()}
+    for kind, (count, at) in nonfinite.items():
         if not at:
             continue
-        fig.nonfinite[kind] = len(at)
+        fig.nonfinite[kind] = count
         shown = at[:MAX_NONFINITE_MARKERS]
         fig.traces.append(
             {
                 "type": "scatter",
                 "mode": "markers",
-                "name": f"{kind} ({len(at)})",
+                "name": f"{kind} ({count})",
                 "x": shown,
                 "y": [_EDGE_Y[kind]] * len(shown),
                 "yaxis": "y2",

@@ -211,7 +211,10 @@ def _is_live(run) -> bool:
 
 
 def _figures(session, run, result, jobs=(), data_dir=None) -> tuple[list[plots.MetricFigure], list[plots.MetricFigure]]:
-    series = metrics.read_metric_arrays(session, run.id)
+    # Binned on triage's grid (at most canonical.MAX_GRID_POINTS points per metric, each bin's
+    # lowest and highest value drawn): a page of a 70,000-step run reads what triage reads.
+    binned = metrics.read_binned(session, run.id)
+    series = binned.series
     canonical_of = aliases.canonical_names(session, run.project_id, run.framework, list(series))
     overlay = None
     if jobs and data_dir is not None:
@@ -236,7 +239,7 @@ def _figures(session, run, result, jobs=(), data_dir=None) -> tuple[list[plots.M
     )
     figures = []
     for name in ordered:
-        steps, values = series[name]
+        steps, values, nonfinite = plots.binned_points(binned.grid, series[name])
         expected = {cls: shapes[name] for cls, shapes in overlays.items() if name in shapes}
         figures.append(
             plots.metric_figure(
@@ -247,6 +250,7 @@ def _figures(session, run, result, jobs=(), data_dir=None) -> tuple[list[plots.M
                 expected=expected,
                 change_point=change_points.get(name),
                 reproduction=(overlay.label, *overlay.series[name]) if overlay and name in overlay.series else None,
+                nonfinite=nonfinite,
             )
         )
     n_key = max(plots.KEY_METRICS, len(overlay_metrics))

@@ -132,3 +132,47 @@ def test_to_steps_round_trip_keeps_nonfinite_as_strings():
     assert steps[1]["values"]["a"] == "NaN" and steps[2]["values"]["a"] == "-Infinity"
     back = RunMetrics.from_steps(steps)
     assert np.array_equal(back.series["a"].values, run.series["a"].values, equal_nan=True)
+
+
+def naive_bins(steps: np.ndarray, values: np.ndarray, grid: np.ndarray) -> dict[int, dict]:
+    """Per grid bin, by a loop over the points: what bin_series must compute."""
+    stride = int(grid[1] - grid[0]) if grid.size > 1 else 1
+    out: dict[int, dict] = {}
+    for step, value in zip(steps.tolist(), values.tolist(), strict=True):
+        b = out.setdefault(min((step - int(grid[0])) // stride, grid.size - 1),
+                           {"finite": [], "nan": 0, "posinf": 0, "neginf": 0})
+        if math.isnan(value):
+            b["nan"] += 1
+        elif value == math.inf:
+            b["posinf"] += 1
+        elif value == -math.inf:
+            b["neginf"] += 1
+        else:
+            b["finite"].append(value)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bin_series_against_a_naive_loop(seed):
+    from moeproxy.signatures.canonical import MetricSeries, bin_series
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    steps = np.sort(rng.choice(20_000, n, replace=False)).astype(np.int64) * int(rng.integers(1, 4))
+    values = rng.normal(size=n)
+    for token, share in ((np.nan, 0.05), (np.inf, 0.01), (-np.inf, 0.01)):
+        values[rng.random(n) < share] = token
+    grid = step_grid([steps], max_points=int(rng.integers(2, 500)))
+    got = bin_series(MetricSeries(steps, values), grid, extremes=True)
+    want = naive_bins(steps, values, grid)
+    assert got.bins.tolist() == sorted(want)
+    for i, b in enumerate(got.bins.tolist()):
+        w = want[b]
+        assert got.finite_count[i] == len(w["finite"])
+        assert got.finite_sum[i] == pytest.approx(sum(w["finite"]), abs=1e-9)
+        assert (got.nan[i], got.posinf[i], got.neginf[i]) == (w["nan"], w["posinf"], w["neginf"])
+        if w["finite"]:
+            assert (got.lowest[i], got.highest[i]) == (min(w["finite"]), max(w["finite"]))
+        else:
+            assert math.isnan(got.lowest[i]) and math.isnan(got.highest[i])
+    assert got.last_step == int(steps[-1])

@@ -87,3 +87,18 @@ def test_key_metrics_come_first():
         "training/rollout_probs_diff_mean",
         "zzz",
     ]
+
+
+def test_binned_points_draw_each_bins_extremes_and_count_nonfinite_points():
+    from moeproxy.service.ui.plots import binned_points
+    from moeproxy.signatures.canonical import MetricSeries, bin_series
+
+    steps = np.arange(12, dtype=np.int64)
+    values = np.array([1.0, 5.0, 3.0, np.nan, np.nan, 2.0, np.inf, 4.0, 4.0, -np.inf, np.nan, np.nan])
+    grid = np.arange(0, 12, 3, dtype=np.int64)  # bins of 3 steps
+    xs, ys, nonfinite = binned_points(grid, bin_series(MetricSeries(steps, values), grid, extremes=True))
+    # bin 0: 1..5; bin 1: only 2.0 (one point); bin 2: 4.0 twice (one point); bin 3: no finite value
+    assert xs.tolist() == [0, 0, 3, 6] and ys.tolist() == [1.0, 5.0, 2.0, 4.0]
+    assert nonfinite == {"NaN": (4, [3, 9]), "+inf": (1, [6]), "-inf": (1, [9])}
+    fig = metric_figure("m", xs, ys, canonical="m", nonfinite=nonfinite)
+    assert fig.nonfinite == {"NaN": 4, "+inf": 1, "-inf": 1}
