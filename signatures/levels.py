@@ -34,6 +34,9 @@ SOURCES: dict[str, str] = {
     "skip-nonfinite": "verl's actor skips the optimizer step when the gradient norm is not finite "
                       "(verl/workers/actor/dp_actor.py, DataParallelPPOActor._optimizer_step: 'if grad_norm is not "
                       "finite, skip the update'); the weights keep their last finite values",
+    "kl-clamp": "verl clamps its low_var_kl estimate (exp of the log-ratio) to [-10, 10] because unclamped it "
+                "overflows to NaN (verl PR 1779, 'Stabilize loss calculations by clamping KL divergence values'; "
+                "issue 891, 'KL compute in low_var_kl (Cause KL NaN ...)')",
     "rl-lr": "RL learning rates of the public recipes: TRL GRPOConfig learning_rate default 1e-6; verl's GRPO and "
              "PPO examples use actor_rollout_ref.actor.optim.lr=1e-6 (LLM scale; an LR 100x above is the "
              "reported misconfiguration of SPEC section 3)",
@@ -58,7 +61,10 @@ class Finding:
     source_name: str  # the name the run logged the metric under
     value: float
     threshold: float
-    supports: tuple[str, ...]  # fault classes this is evidence for
+    # Fault classes this is evidence for, the cause its source names first first (verl's FAQ reads a
+    # high rollout/training difference as a rollout precision problem): classes that the finding
+    # alone scores alike are ranked in this order (matching.tie_rank), not alphabetically.
+    supports: tuple[str, ...]
     text: str
     source: str  # key of SOURCES
     against: tuple[str, ...] = ("healthy",)  # classes it is evidence against: every finding is
@@ -195,9 +201,9 @@ def _skipped_updates(run: CanonicalRun, hits: list[tuple[str, CanonicalSeries]])
 @rule("nonfinite")
 def _nonfinite(run: CanonicalRun) -> list[Finding]:
     """NaN/inf in the gradient norm, loss, KL or entropy: an overflow (SPEC section 3), unless the
-    updates were skipped (``nonfinite_update_skipped``)."""
+    updates were skipped (``nonfinite_update_skipped``) or the KL term went first (``kl_term_nonfinite``)."""
     hits = _nonfinite_hits(run)
-    if not hits or _skipped_updates(run, hits) is not None:
+    if not hits or _skipped_updates(run, hits) is not None or _kl_term_first(run, hits) is not None:
         return []
     m, s = min(hits, key=lambda h: h[1].first_nonfinite_index())
     step = run.first_nonfinite_step(m)
@@ -225,6 +231,38 @@ def _nonfinite_update_skipped(run: CanonicalRun) -> list[Finding]:
                     f"{s.source} non-finite from step {step} ({count} steps) while the loss, KL and entropy stay "
                     f"finite for the {after} steps after it: those updates were skipped, the NaN never reached "
                     "the weights", "skip-nonfinite")]
+
+
+def _kl_term_first(run: CanonicalRun, hits: list[tuple[str, CanonicalSeries]]) -> int | None:
+    """The grid index at which the KL became non-finite, when it is the first non-finite metric (the
+    gradient norm at the same step at the earliest) while the policy loss and the entropy logged at
+    that step are finite; else None. The loss is computed before the backward pass, so a gradient
+    that overflows on its own leaves that step's KL finite, and NaN weights make every forward
+    metric NaN: only a KL estimate that overflowed by itself is NaN beside a finite policy loss."""
+    first = {m: s.first_nonfinite_index() for m, s in hits}
+    at = first.get("kl")
+    if at is None or any(i < at for i in first.values()):
+        return None
+    beside = [run.metrics[m] for m in ("pg_loss", "entropy") if m in run.metrics and run.metrics[m].observed[at]]
+    if not beside or any(b.nonfinite[at] for b in beside):
+        return None
+    return at
+
+
+@rule("kl_term_nonfinite")
+def _kl_term_nonfinite(run: CanonicalRun) -> list[Finding]:
+    """The KL goes non-finite first, at a step whose policy loss and entropy are finite: the KL
+    estimate overflowed (verl's unclamped ``low_var_kl``: exp of a large log-ratio), a KL
+    configuration fault; the NaN gradient and the collapse after it follow from it."""
+    at = _kl_term_first(run, _nonfinite_hits(run))
+    if at is None:
+        return []
+    s = run.metrics["kl"]
+    step = int(run.steps[at])
+    count = int(s.nonfinite.sum())
+    return [Finding("kl_term_nonfinite", "kl", s.source, float(count), 0.0, ("kl_misconfiguration",),
+                    f"{s.source} non-finite from step {step} while the policy loss and entropy of that step are "
+                    "finite: the KL estimate overflowed before anything else", "kl-clamp")]
 
 
 def _forward_steps_after(run: CanonicalRun, index: int) -> int:

@@ -98,6 +98,7 @@ class Weights:
 FINDING_WEIGHTS: dict[str, float] = {
     "nonfinite": 4.0,
     "nonfinite_update_skipped": 4.0,
+    "kl_term_nonfinite": 4.0,
     "grad_norm_zero": 4.0,
     "kl_never_moves": 4.0,
     "no_reward_signal": 3.0,
@@ -249,7 +250,7 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
             by_class[fp.fault_class] = s
     view, thr = library.calibration.threshold_for(set(sig.metrics) & library_metrics(library))
     scored = [_candidate(sig, s, thr, weights, findings) for s in by_class.values()]
-    candidates = tuple(sorted(scored, key=lambda c: (-c.score, c.fault_class)))
+    candidates = ranked(scored, findings)
     change_points = {m.source: m.onset_step for m in sig.metrics.values() if m.onset_step is not None}
     return TriageResult(
         run_id=run_id,
@@ -263,6 +264,24 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
         findings=findings,
         siblings=sibling_notes(candidates, logged=set(sig.metrics)),
     )
+
+
+#: Scores equal to this many digits are a tie (the same findings over the same fingerprint score).
+TIE_DIGITS = 9
+
+
+def ranked(candidates: Iterable[Candidate], findings: Sequence[Finding]) -> tuple[Candidate, ...]:
+    """Best score first; equal scores in the order the supporting findings list their classes."""
+    return tuple(sorted(candidates, key=lambda c: (-round(c.score, TIE_DIGITS), tie_rank(c.fault_class, findings),
+                                                   c.fault_class)))
+
+
+def tie_rank(fault_class: str, findings: Iterable[Finding]) -> float:
+    """Where the findings supporting ``fault_class`` list it (``Finding.supports`` puts the cause
+    its source names first): the order of classes that score alike because one finding is all the
+    run shows of them (a rollout/training difference above verl's 0.01 with no fingerprint seen).
+    A class no finding supports comes after those that one does."""
+    return min((f.supports.index(fault_class) for f in findings if fault_class in f.supports), default=math.inf)
 
 
 def flat_in_view(fp: Fingerprint, sig: RunSignature) -> bool:

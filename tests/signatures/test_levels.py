@@ -148,3 +148,23 @@ def test_a_reward_function_that_never_scores_is_a_reward_fault_one_that_saturate
     once = np.zeros(N)
     once[77] = 0.125
     assert "reward_component_silent" not in _rules({**silent, "rewards/format_reward/mean": once})
+
+
+def test_a_kl_that_overflows_before_the_policy_loss_is_the_kl_term_not_an_overflow():
+    """verl's unclamped low_var_kl: the KL is NaN at a step whose entropy is still finite, the NaN
+    gradient and the collapse follow. An overflow that reaches the weights leaves that step's KL
+    finite (NaN from the next step), and NaN weights make every forward metric NaN at once."""
+    base = _healthy_trl()
+    t = np.arange(N)
+    kl_first = {**base, "kl": np.where(t >= 150, math.nan, 0.01), "grad_norm": np.where(t >= 150, math.nan, 0.5),
+                "entropy": np.where(t >= 151, math.nan, 0.8)}
+    found = [f for f in whole_run_evidence(_run(kl_first)) if f.rule in ("kl_term_nonfinite", "nonfinite")]
+    assert [f.rule for f in found] == ["kl_term_nonfinite"]
+    assert found[0].supports == ("kl_misconfiguration",) and found[0].source == "kl-clamp"
+    together = {**kl_first, "entropy": np.where(t >= 150, math.nan, 0.8)}
+    assert {"nonfinite"} == _rules(together) & {"nonfinite", "kl_term_nonfinite"}
+    overflow = {**base, "grad_norm": np.where(t >= 150, math.nan, 0.5), "kl": np.where(t >= 151, math.nan, 0.01)}
+    assert {"nonfinite"} == _rules(overflow) & {"nonfinite", "kl_term_nonfinite"}
+    # Nothing logged beside the KL at that step: nothing to tell the KL term from the rest.
+    bare = {"reward": base["reward"], "kl": kl_first["kl"], "grad_norm": kl_first["grad_norm"]}
+    assert {"nonfinite"} == _rules(bare) & {"nonfinite", "kl_term_nonfinite"}

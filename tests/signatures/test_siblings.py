@@ -152,3 +152,18 @@ def test_every_catalogue_class_has_separators_on_known_metrics(fault_class):
         assert metric.against <= set(FAULT_CLASSES), metric.against - set(FAULT_CLASSES)
     for test in sep.tests:
         assert test.against <= set(FAULT_CLASSES)
+
+
+def test_classes_one_finding_scores_alike_are_ranked_in_the_order_its_source_names_them():
+    from moeproxy.signatures.levels import MISMATCH_CLASSES, Finding
+    from moeproxy.signatures.matching import ranked, tie_rank
+
+    level = Finding("rollout_mismatch_level", "rollout_train_logp_diff", "training/rollout_probs_diff_mean",
+                    0.02, 0.01, MISMATCH_CLASSES, "a line", "verl-faq")
+    tied = [candidate(c, 1 / 3) for c in sorted(MISMATCH_CLASSES)] + [candidate("healthy", 1 / 3)]
+    assert [c.fault_class for c in ranked(tied, [level])] == [*MISMATCH_CLASSES, "healthy"]
+    # Without the finding the order is alphabetical, and a better score always wins over the order.
+    assert [c.fault_class for c in ranked(tied, [])] == sorted(c.fault_class for c in tied)
+    ahead = [*tied, candidate("stale_weight_sync", 0.34)]
+    assert ranked(ahead, [level])[0].score == 0.34
+    assert tie_rank("rollout_logp_precision", [level]) == 0 and tie_rank("healthy", [level]) == float("inf")
