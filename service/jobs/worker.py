@@ -174,6 +174,7 @@ class Worker:
         self.jobs_run = 0
         self._stop = threading.Event()
         self._in_executor = threading.Event()
+        self._interrupted = threading.Event()  # a signal raised WorkerStopping inside the executor
         self._thread_id: int | None = None
 
     # -- stopping ------------------------------------------------------------------------------
@@ -195,6 +196,7 @@ class Worker:
             log.info("worker %s: signal %s, stopping", self.worker_id, signum)
             self._stop.set()
             if self._in_executor.is_set():
+                self._interrupted.set()
                 raise WorkerStopping(signum)
 
         signal.signal(signal.SIGTERM, handler)
@@ -260,6 +262,15 @@ class Worker:
             self._stop.set()
             return "released", None
         except Exception as exc:
+            if self._interrupted.is_set():
+                # The stop signal reached the job, and what it interrupted turned it into an error
+                # of its own (a database driver whose query was cut off, an executor that wraps
+                # every exception): the job did not fail, its worker stopped. It goes back to the
+                # queue like any interrupted job.
+                log.warning("job %s: interrupted by a stop signal (%s: %s); released", job.id,
+                            type(exc).__name__, exc)
+                self._stop.set()
+                return "released", None
             log.exception("job %s failed", job.id)
             return "failed", _describe(exc)
         return "succeeded", outcome if outcome is not None else JobOutcome()

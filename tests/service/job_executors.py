@@ -1,6 +1,6 @@
 """Small real executors for the queue tests, and a worker process around them.
 
-``python tests/service/job_executors.py DATABASE_URL WORKER_ID LEASE_S MARKER_FILE`` runs a worker
+``python tests/service/job_executors.py DATABASE_URL WORKER_ID LEASE_S MARKER_FILE [wrap]`` runs a worker
 whose executor appends ``job-id attempt`` to MARKER_FILE and then heartbeats forever (until the
 process is killed or told to stop): the worker that dies mid-job, or stops on SIGTERM.
 """
@@ -15,15 +15,24 @@ from pathlib import Path
 from moeproxy.service.jobs.spec import JobOutcome
 
 
-def heartbeat_forever(marker: Path):
-    def execute(job, ctx):
+def heartbeat_forever(marker: Path, *, wrap: bool = False):
+    """``wrap``: every exception, the stop signal's included, comes out as a RuntimeError of the
+    executor's own, as from a database driver whose query the signal cut off."""
+
+    def beat(job, ctx):
         with marker.open("a") as f:
             f.write(f"{job.id} {job.attempt}\n")
         while True:
             ctx.heartbeat({"alive": True})
             time.sleep(0.05)
 
-    return execute
+    def wrapped(job, ctx):
+        try:
+            beat(job, ctx)
+        except BaseException as exc:
+            raise RuntimeError(f"consuming input failed: {type(exc).__name__}") from exc
+
+    return wrapped if wrap else beat
 
 
 class Recorder:
@@ -50,12 +59,12 @@ def main(argv: list[str]) -> None:
 
     from moeproxy.config import Settings
 
-    url, worker_id, lease_s, marker = argv
+    url, worker_id, lease_s, marker, *mode = argv
     database = Database(url)
     try:
         run_worker(
             database,
-            executor=heartbeat_forever(Path(marker)),
+            executor=heartbeat_forever(Path(marker), wrap=mode == ["wrap"]),
             worker_id=worker_id,
             lease_s=float(lease_s),
             poll_s=0.05,

@@ -218,12 +218,15 @@ def test_a_worker_killed_mid_job_has_its_job_retried_and_completed_once(db, url,
     assert job_row(db, job_id).result == {"worker": "survivor", "attempt": 2}
 
 
-def test_sigterm_releases_the_job_and_exits(db, url, tmp_path):
+@pytest.mark.parametrize("mode", [[], ["wrap"]], ids=["plain", "interrupt-wrapped"])
+def test_sigterm_releases_the_job_and_exits(db, url, tmp_path, mode):
+    """Also when what the signal interrupts turns it into an error of its own ("wrap"): a loaded CI
+    machine once recorded such a job as failed, the signal having cut off a heartbeat's query."""
     [job_id] = queue_jobs(db, 1)
     marker = tmp_path / "started"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     worker = subprocess.Popen(
-        [sys.executable, str(HERE / "job_executors.py"), url, "terminated", "30", str(marker)],
+        [sys.executable, str(HERE / "job_executors.py"), url, "terminated", "30", str(marker), *mode],
         env=env,
         stderr=subprocess.PIPE,
     )
@@ -236,7 +239,7 @@ def test_sigterm_releases_the_job_and_exits(db, url, tmp_path):
             worker.kill()
             worker.wait(30)
     row = job_row(db, job_id)
-    assert row.state == "queued" and row.worker_id is None and row.attempts == 0  # another worker may take it
+    assert row.state == "queued" and row.worker_id is None and row.attempts == 0, row.error  # another worker may take it
 
 
 @pytest.fixture
