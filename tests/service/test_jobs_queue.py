@@ -220,8 +220,9 @@ def test_a_worker_killed_mid_job_has_its_job_retried_and_completed_once(db, url,
 
 @pytest.mark.parametrize("mode", [[], ["wrap"]], ids=["plain", "interrupt-wrapped"])
 def test_sigterm_releases_the_job_and_exits(db, url, tmp_path, mode):
-    """Also when what the signal interrupts turns it into an error of its own ("wrap"): a loaded CI
-    machine once recorded such a job as failed, the signal having cut off a heartbeat's query."""
+    """Also when what the signal interrupts turns it into an error of its own ("wrap"): a full run on
+    a loaded machine once recorded the job as failed (its error was not kept; a heartbeat query cut
+    off by the signal is the likely path, an Exception being the only way to "failed")."""
     [job_id] = queue_jobs(db, 1)
     marker = tmp_path / "started"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
