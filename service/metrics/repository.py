@@ -292,13 +292,16 @@ def read_binned(session: Session, run_id: int, *, max_points: int = MAX_GRID_POI
         arrays = read_metric_arrays(session, run_id)
         run = RunMetrics({m: MetricSeries(s, v) for m, (s, v) in arrays.items()}, framework, name)
         return bin_run(run, max_points=max_points, extremes=True)
-    names = dict(session.execute(select(MetricName.id, MetricName.name).where(MetricName.run_id == run_id)).all())
     lo, hi = min(e[1] for e in extents), max(e[2] for e in extents)
-    grid = grid_over(lo, hi, _step_gcd(session, ids, lo, extents), max_points=max_points)
-    return BinnedRun(grid, _bins_in_database(session, ids, grid, names), framework, name)
+    # Live ingest goes on between these statements (each sees what is committed when it starts):
+    # later queries keep to the metrics and steps the extents saw, so every bin is on the grid.
+    seen = (MetricPoint.metric_id.in_([e[0] for e in extents]), MetricPoint.step.between(lo, hi))
+    names = dict(session.execute(select(MetricName.id, MetricName.name).where(MetricName.run_id == run_id)).all())
+    grid = grid_over(lo, hi, _step_gcd(session, seen, lo, extents), max_points=max_points)
+    return BinnedRun(grid, _bins_in_database(session, seen, grid, names), framework, name)
 
 
-def _step_gcd(session: Session, ids, lo: int, extents) -> int:
+def _step_gcd(session: Session, seen, lo: int, extents) -> int:
     """gcd of every step's offset from ``lo``: of each metric's first offset and of the gaps
     between its consecutive steps (a metric whose steps are contiguous has gap 1, no query)."""
     offsets = [first - lo for _, first, _, _ in extents]
@@ -307,12 +310,12 @@ def _step_gcd(session: Session, ids, lo: int, extents) -> int:
     gap = MetricPoint.step - func.lag(MetricPoint.step).over(
         partition_by=MetricPoint.metric_id, order_by=MetricPoint.step
     )
-    gaps = select(gap.label("gap")).where(MetricPoint.metric_id.in_(ids)).subquery()
+    gaps = select(gap.label("gap")).where(*seen).subquery()
     found = session.scalars(select(gaps.c.gap).distinct().where(gaps.c.gap.is_not(None))).all()
     return math.gcd(*offsets, *(int(g) for g in found))
 
 
-def _bins_in_database(session: Session, ids, grid: np.ndarray, names: dict[int, str]) -> dict[str, SeriesBins]:
+def _bins_in_database(session: Session, seen, grid: np.ndarray, names: dict[int, str]) -> dict[str, SeriesBins]:
     value, step = MetricPoint.value, MetricPoint.step
     finite_value = case(((value > -math.inf) & (value < math.inf), value))  # not NaN, NULL nor +-inf
     bin_ = ((step - int(grid[0])) // int(grid[1] - grid[0])).label("bin")
@@ -322,7 +325,7 @@ def _bins_in_database(session: Session, ids, grid: np.ndarray, names: dict[int, 
             func.min(finite_value), func.max(finite_value), func.count(case((value == math.inf, 1))),
             func.count(case((value == -math.inf, 1))), func.max(step),
         )
-        .where(MetricPoint.metric_id.in_(ids))
+        .where(*seen)
         .group_by(MetricPoint.metric_id, bin_)
         .order_by(MetricPoint.metric_id, bin_)
     ).all()

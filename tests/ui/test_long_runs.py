@@ -112,3 +112,39 @@ def test_triage_of_a_run_longer_than_its_grid_matches_triage_of_the_whole_run(
 
     page = ui_client.get(f"/runs/{run_id}")
     assert page.status_code == 200 and 'data-fault-class="gradient_overflow"' in page.text
+
+
+def test_points_ingested_while_a_run_is_read_binned_stay_off_the_grid(ui_client, auth, database, monkeypatch):
+    """Live triage reads a run while it is written: each statement of the read sees what is
+    committed when it starts, so points (and metrics) that arrive after the run's extents were read
+    must not land in bins past the grid (the first soak with binned reads failed on that)."""
+    from moeproxy.service.metrics import repository
+    from moeproxy.service.metrics.models import MetricName, MetricPoint
+    from sqlalchemy import insert
+
+    run = _messy_run(800)
+    run_id = _create(ui_client, auth, "growing")
+    _post_chunks(ui_client, auth, run_id, run)
+    with database.scope() as s:
+        want = bin_run(RunMetrics({m: MetricSeries(st, v) for m, (st, v) in repository.read_metric_arrays(s, run_id).items()}),
+                       max_points=100, extremes=True)
+    step_gcd = repository._step_gcd
+
+    def ingest_meanwhile(session, *args):
+        grad = session.scalar(select_id(MetricName, run_id, "actor/grad_norm"))
+        new = session.scalar(insert(MetricName).values(run_id=run_id, name="late/metric").returning(MetricName.id))
+        session.execute(insert(MetricPoint), [{"metric_id": grad, "step": 800 + k, "value": 1.0} for k in range(50)]
+                        + [{"metric_id": new, "step": k, "value": 2.0} for k in range(900)])
+        return step_gcd(session, *args)
+
+    monkeypatch.setattr(repository, "_step_gcd", ingest_meanwhile)
+    with database.scope() as s:
+        got = repository.read_binned(s, run_id, max_points=100)
+        s.rollback()
+    _assert_same_bins(got, want)
+
+
+def select_id(model, run_id: int, name: str):
+    from sqlalchemy import select
+
+    return select(model.id).where(model.run_id == run_id, model.name == name)
