@@ -66,6 +66,7 @@ def _messy_run(n: int, *, start: int = 0, every: int = 1) -> RunMetrics:
 def test_the_database_bins_a_long_run_as_python_bins_it_whole(ui_client, auth, database, start, every):
     from moeproxy.service.metrics import repository
 
+    assert 800 > repository.WHOLE_READ_FACTOR * 100  # the database's path
     run = _messy_run(800, start=start, every=every)
     run_id = _create(ui_client, auth, f"messy-{start}-{every}")
     _post_chunks(ui_client, auth, run_id, run)
@@ -91,11 +92,13 @@ def test_a_short_run_is_read_whole_with_one_point_per_bin(ui_client, auth, datab
 
 
 def test_triage_of_a_run_longer_than_its_grid_matches_triage_of_the_whole_run(
-    ui_client, auth, fingerprint_library
+    ui_client, auth, fingerprint_library, monkeypatch
 ):
+    from moeproxy.service.metrics import repository
     from moeproxy.service.triage.engine import SignatureEngine
 
-    steps = 2 * MAX_GRID_POINTS + 500  # read binned by the database: 3 steps per bin
+    monkeypatch.setattr(repository, "WHOLE_READ_FACTOR", 1)  # binned by the database from 4,097 points
+    steps = 2 * MAX_GRID_POINTS + 500  # 3 steps per bin
     run = synthetic_run("gradient_overflow", steps=steps, onset=steps // 2, seed=131)
     run_id = _create(ui_client, auth, "long-overflow")
     _post_chunks(ui_client, auth, run_id, run)
@@ -138,6 +141,7 @@ def test_points_ingested_while_a_run_is_read_binned_stay_off_the_grid(ui_client,
         return step_gcd(session, *args)
 
     monkeypatch.setattr(repository, "_step_gcd", ingest_meanwhile)
+    monkeypatch.setattr(repository, "WHOLE_READ_FACTOR", 1)
     with database.scope() as s:
         got = repository.read_binned(s, run_id, max_points=100)
         s.rollback()
