@@ -55,7 +55,9 @@ def decimate(
     return steps[keep], values[keep]
 
 
-def binned_points(grid: np.ndarray, binned: SeriesBins) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[int, list[int]]]]:
+def binned_points(
+    grid: np.ndarray, binned: SeriesBins
+) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[int, list[int]]]]:
     """What to draw of a metric read binned (metrics.read_binned): per bin with a finite value its
     lowest and highest finite value at the bin's step (one point where they agree, as in a run
     read whole), and per kind of non-finite value its count and the steps of the bins that held one."""
