@@ -61,7 +61,7 @@ class Finding:
     source_name: str  # the name the run logged the metric under
     value: float
     threshold: float
-    # Fault classes this is evidence for, the cause its source names first first (verl's FAQ reads a
+    # Fault classes this is evidence for, the cause its source names leading (verl's FAQ reads a
     # high rollout/training difference as a rollout precision problem): classes that the finding
     # alone scores alike are ranked in this order (matching.tie_rank), not alphabetically.
     supports: tuple[str, ...]

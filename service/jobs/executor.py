@@ -118,7 +118,6 @@ def _consistency(ctx: Any, job: JobSpec, layer: Any, fingerprint_id: str | None)
     from moeproxy.reproduction.views import project
     from moeproxy.service.metrics import repository as metrics
     from moeproxy.signatures.api import RunMetrics, consistency
-    from moeproxy.signatures.canonical import MetricSeries
     from moeproxy.signatures.errors import UnknownFaultClass
 
     if fingerprint_id is None:
@@ -138,9 +137,7 @@ def _consistency(ctx: Any, job: JobSpec, layer: Any, fingerprint_id: str | None)
         if run is None:
             return None
         framework = run.framework
-        series = metrics.read_metric_arrays(session, run.id)
-    production = RunMetrics({n: MetricSeries(st, v) for n, (st, v) in series.items() if st.size},
-                            framework=framework, name=job.run_name)
+        production = metrics.read_run_metrics(session, run.id, framework=framework, name=job.run_name)
     report = consistency(reproduction, production, framework_a="verl", framework_b=framework)
     return {"verdict": report.verdict, "summary": report.summary, "reproduction": str(path),
             "direction_agreement": report.direction_agreement, "timing_agreement": report.timing_agreement}

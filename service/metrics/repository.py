@@ -270,6 +270,13 @@ def _read_postgres(raw, id_list: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return rows["metric_id"].astype(np.int64), rows["step"].astype(np.int64), rows["value"].astype(np.float64)
 
 
+def read_run_metrics(session: Session, run_id: int, *, framework: str | None = None,
+                     name: str | None = None) -> RunMetrics:
+    """The whole run as the signature engine reads runs (:func:`read_metric_arrays`, wrapped)."""
+    arrays = read_metric_arrays(session, run_id)
+    return RunMetrics({m: MetricSeries(s, v) for m, (s, v) in arrays.items() if s.size}, framework, name)
+
+
 #: A run whose longest metric holds at most this many times triage's grid is read whole and binned
 #: in Python. The database's binning buys bounded memory, not speed: on the 2-core box a 5,000-step
 #: x 20-metric run took 0.36 s binned against 0.09 s whole (a fixed ~0.25 s), a 70,000-step one
@@ -297,9 +304,8 @@ def read_binned(session: Session, run_id: int, *, max_points: int = MAX_GRID_POI
         .group_by(MetricPoint.metric_id)
     ).all()
     if not extents or max(n for *_, n in extents) <= WHOLE_READ_FACTOR * max_points:
-        arrays = read_metric_arrays(session, run_id)
-        run = RunMetrics({m: MetricSeries(s, v) for m, (s, v) in arrays.items()}, framework, name)
-        return bin_run(run, max_points=max_points, extremes=True)
+        return bin_run(read_run_metrics(session, run_id, framework=framework, name=name),
+                       max_points=max_points, extremes=True)
     lo, hi = min(e[1] for e in extents), max(e[2] for e in extents)
     # Live ingest goes on between these statements (each sees what is committed when it starts):
     # later queries keep to the metrics and steps the extents saw, so every bin is on the grid.
@@ -371,5 +377,6 @@ __all__ = [
     "read_binned",
     "read_metric_arrays",
     "read_metrics",
+    "read_run_metrics",
     "resolve_metric_ids",
 ]
