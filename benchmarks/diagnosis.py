@@ -28,6 +28,9 @@ Stages (each reuses what is on disk; stop and start again at will):
    ``benchmarks/results/field-scores.jsonl``), the left-out-class weak rate on the in-engine sets
    (each fault run triaged with its class removed from the library: the share answered ``weak``), and
    print the markdown table docs/benchmarks.md carries. Writes ``benchmarks/results/diagnosis_v2.json``.
+   When ``benchmarks/results/view_visibility.json`` (``benchmarks/visibility.py``) was measured on the
+   same library, the in-engine sets also get their figures on the runs whose variant the library's
+   own runs show in the run's view: the ceiling a framework's loggers leave to any matcher.
 
     OMP_NUM_THREADS=2 nice -n 10 python benchmarks/diagnosis.py --work runs/diagnosis-v2
 """
@@ -170,13 +173,14 @@ def _readme(set_name: str, manifest: Mapping[str, Any], n: int) -> str:
 
 
 def stage_evaluate(library: Path, log: Path | None, note: str, out: Path,
-                   heldout_root: Path = HELDOUT_ROOT) -> dict[str, Any]:
+                   heldout_root: Path = HELDOUT_ROOT, visibility_path: Path | None = None) -> dict[str, Any]:
     from moeproxy.signatures.canonical import load_run
     from moeproxy.signatures.fingerprint import load_library
     from moeproxy.signatures.matching import triage
 
     sets = {**{name: heldout_root / name for name in REFERENCES}, **FIELD_SETS}
     lib = load_library(library)
+    visibility = _visibility(visibility_path, library)
     results: dict[str, Any] = {}
     for name, root in sets.items():
         if not (root / "labels.json").exists():
@@ -193,13 +197,60 @@ def stage_evaluate(library: Path, log: Path | None, note: str, out: Path,
                 weak += res.candidates[0].strength == "weak"
                 total += 1
             figures["left_out_class_weak"] = evalsets.share(weak, total)
+        if name in REFERENCES and visibility is not None:
+            figures["visible"] = visible_figures(root, figures["rows"], visibility)
         results[name] = figures
     report = {"library": str(library), "library_sha256": evalsets._file_hash(library), "sets": results,
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()}}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(table(results))
+    if any("visible" in f for f in results.values()):
+        print(visible_table(results))
     return report
+
+
+def _visibility(path: Path | None, library: Path) -> dict[str, Any] | None:
+    """benchmarks/visibility.py's measurement, when it was made on this very library."""
+    if path is None or not path.exists():
+        return None
+    vis = json.loads(path.read_text())
+    if vis.get("library_sha256") != evalsets._file_hash(library):
+        print(f"{path}: measured on another library; the visible-run figures are left out "
+              "(run benchmarks/visibility.py again)")
+        return None
+    return vis
+
+
+def visible_figures(root: Path, rows: Sequence[Mapping[str, Any]], visibility: Mapping[str, Any]) -> dict[str, Any]:
+    """The held-out figures on the runs whose variant the library's own runs show in the run's view
+    (benchmarks/visibility.py): the share the view lets any matcher name."""
+    from visibility import run_visible
+
+    labels = json.loads((root / "labels.json").read_text())
+    seen, hidden, unknown = [], [], []
+    for r in rows:
+        meta = labels[r["id"]]
+        v = run_visible(r["label"], meta.get("variant"), r["onset"], r["framework"], visibility)
+        (seen if v else hidden if v is False else unknown).append(r)
+    return {"runs": len(seen), "of": len(rows),
+            "top1": evalsets.share(sum(r["ranked"][0] == r["label"] for r in seen), len(seen)),
+            "top3": evalsets.share(sum(r["label"] in r["ranked"][:3] for r in seen), len(seen)),
+            "hidden": [r["id"] for r in hidden], "not_measured": [r["id"] for r in unknown],
+            "hidden_named": sum(r["ranked"][0] == r["label"] for r in hidden)}
+
+
+def visible_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = ["| set | runs the view can show | top-1 on them | top-3 on them | hidden runs named anyway |",
+            "|---|---|---|---|---|"]
+    for name, f in results.items():
+        v = f.get("visible")
+        if v is None:
+            continue
+        t1, t3 = v["top1"], v["top3"]
+        rows.append(f"| {name} | {v['runs']} of {v['of']} | {t1['value']:.0%} [{t1['ci95'][0]:.0%}–{t1['ci95'][1]:.0%}] "
+                    f"| {t3['value']:.0%} | {v['hidden_named']} of {len(v['hidden'])} |")
+    return "\n".join(rows)
 
 
 def table(results: Mapping[str, Mapping[str, Any]]) -> str:
@@ -236,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--note", default="diagnosis benchmark v2: four sets")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "diagnosis_v2.json"))
     ap.add_argument("--heldout-root", default=str(HELDOUT_ROOT), help="where export writes the sets")
+    ap.add_argument("--visibility", default=str(ROOT / "benchmarks" / "results" / "view_visibility.json"),
+                    help="benchmarks/visibility.py's result: held-out figures on the runs their view can show")
     args = ap.parse_args(argv)
     stages = set(args.stages.split(","))
     work = Path(args.work)
@@ -250,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             export_set(work / name, Path(args.heldout_root) / name, name)
     if "evaluate" in stages:
         stage_evaluate(Path(args.library), Path(args.log) if args.log else None, args.note, Path(args.out),
-                       Path(args.heldout_root))
+                       Path(args.heldout_root), Path(args.visibility) if args.visibility else None)
 
 
 if __name__ == "__main__":
