@@ -49,6 +49,10 @@ SOURCES: dict[str, str] = {
                      "reached the policy",
     "kl-range": "chosen: a per-token KL to the reference above 1 nat; the healthy GRPO/PPO runs of the public "
                 "reports log values between 1e-3 and 1e-1",
+    "sync-period": "a rollout engine that receives the trainer's weights only every N steps samples from weights "
+                   "up to N-1 updates old (SPEC section 3, stale_weight_sync): its discrepancy to the trainer is "
+                   "at its floor right after each sync and grows until the next; the growth between weight "
+                   "updates is reported in vllm-project/vime issue 64 (train_rollout_logprob_abs_diff)",
 }
 
 
@@ -155,6 +159,84 @@ def _importance_ratio(run: CanonicalRun) -> list[Finding]:
     return [Finding("importance_ratio_level", "importance_ratio", s.source, level, RATIO_TOLERANCE,
                     MISMATCH_CLASSES, f"{s.source} median {level:.3g} over the second half, more than "
                     f"{RATIO_TOLERANCE} from 1: rollout and trainer policies differ", "ratio-definition")]
+
+
+#: Rollout/trainer discrepancy metrics a stale rollout lifts: each falls back to its floor right
+#: after a weight sync (rollout_kl's k3 estimate also turns negative, so it rarely shows the floor).
+SYNC_METRICS = ("rollout_train_logp_diff", "rollout_train_logp_diff_max", "rollout_kl")
+SYNC_PERIODS = range(3, 33)  # steps between syncs that the rule looks for
+SYNC_MIN_RESETS = 5  # returns to the floor on one phase of the period: fewer could be chance
+SYNC_ALIGNED = 0.8  # share of the returns on that phase, and of the syncs the period predicts
+SYNC_FLOOR_QUANTILE = 0.05  # the floor: the run's 5th percentile
+SYNC_TOP_QUANTILE = 0.9  # the top of the saw-tooth: the run's 90th percentile
+SYNC_FLOOR_BAND = 0.1  # "at the floor": within this share of the floor-to-top range above it
+#: Chosen: a discrepancy whose top is less than this above its floor is float32
+#: rounding of log-probabilities (~1e-7), not a stale copy (a periodic pattern there is the
+#: batching's, seen in an in-engine run at 4e-8 to 2e-7).
+SYNC_MIN_AMPLITUDE = 1e-5
+
+
+def floor_returns(v: np.ndarray) -> np.ndarray:
+    """Indices where ``v`` comes back down to its floor from above it (empty when it never
+    leaves its floor by more than :data:`SYNC_MIN_AMPLITUDE`)."""
+    if v.size < 2:
+        return np.zeros(0, dtype=np.int64)
+    floor = float(np.quantile(v, SYNC_FLOOR_QUANTILE))
+    # The top of the range, not the median: a sync that goes stale late leaves the run at its
+    # floor for most of its steps.
+    top = float(np.quantile(v, SYNC_TOP_QUANTILE))
+    if top - floor < SYNC_MIN_AMPLITUDE:
+        return np.zeros(0, dtype=np.int64)
+    low = v <= floor + SYNC_FLOOR_BAND * (top - floor)
+    return np.flatnonzero(low[1:] & ~low[:-1]) + 1
+
+
+@dataclass(frozen=True)
+class SyncPeriod:
+    period: int  # points between returns to the floor
+    returns: int  # returns on the period's phase
+    first: int  # index of the first of them
+
+
+def sync_period(v: np.ndarray) -> SyncPeriod | None:
+    """The period of a saw-tooth in ``v``: its returns to the floor fall on one phase of a period
+    (at least :data:`SYNC_ALIGNED` of them) and on most of the syncs that period predicts between
+    the first and the last; the period with the most such returns, or None."""
+    returns = floor_returns(v)
+    if returns.size < SYNC_MIN_RESETS:
+        return None
+    best: SyncPeriod | None = None
+    for period in SYNC_PERIODS:
+        phase = returns % period
+        counts = np.bincount(phase, minlength=period)
+        on = returns[phase == int(np.argmax(counts))]
+        predicted = (int(on[-1]) - int(on[0])) // period + 1
+        if (on.size >= SYNC_MIN_RESETS and on.size >= SYNC_ALIGNED * returns.size
+                and on.size >= SYNC_ALIGNED * predicted and (best is None or on.size > best.returns)):
+            best = SyncPeriod(period, int(on.size), int(on[0]))
+    return best
+
+
+@rule("sync_sawtooth")
+def _sync_sawtooth(run: CanonicalRun) -> list[Finding]:
+    """A discrepancy that falls back to its floor every N steps and climbs in between: the rollout
+    engine gets the trainer's weights only every N steps (SEPARATORS["stale_weight_sync"])."""
+    for metric in SYNC_METRICS:
+        s = run.metrics.get(metric)
+        if s is None:
+            continue
+        kept = np.flatnonzero(s.observed & ~s.nonfinite)
+        found = sync_period(s.values[kept])
+        if found is None:
+            continue
+        first = int(run.steps[kept[found.first]])
+        return [Finding("sync_sawtooth", metric, s.source, float(found.period), SYNC_MIN_RESETS,
+                        ("stale_weight_sync",),
+                        f"{s.source} falls back to its floor every {found.period} steps ({found.returns} times "
+                        f"from step {first}) and climbs in between: the rollout engine gets the trainer's "
+                        f"weights only every {found.period} steps and samples from stale ones in between",
+                        "sync-period")]
+    return []
 
 
 #: Consecutive steps of an exactly-zero gradient norm that count as "no update".

@@ -106,6 +106,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "reward_component_silent": 3.0,
     "lr_level": 3.0,
     "rollout_mismatch_level": 2.0,
+    "sync_sawtooth": 2.0,
     "importance_ratio_level": 2.0,
     "kl_runaway": 1.5,
     "length_pinned": 1.0,

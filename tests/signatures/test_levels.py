@@ -168,3 +168,41 @@ def test_a_kl_that_overflows_before_the_policy_loss_is_the_kl_term_not_an_overfl
     # Nothing logged beside the KL at that step: nothing to tell the KL term from the rest.
     bare = {"reward": base["reward"], "kl": kl_first["kl"], "grad_norm": kl_first["grad_norm"]}
     assert {"nonfinite"} == _rules(bare) & {"nonfinite", "kl_term_nonfinite"}
+
+
+def _sawtooth(period: int, onset: int, *, floor: float = 0.001, amplitude: float = 0.02, seed: int = 0) -> np.ndarray:
+    """A rollout/trainer discrepancy of a rollout synced every ``period`` steps from ``onset``:
+    at its floor right after each sync, climbing until the next (OpenRLHF's train/vllm_kl)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(N)
+    since_sync = np.where(t >= onset, (t - onset) % period, 0)
+    return floor * (1 + rng.normal(0, 0.05, N)) + amplitude * since_sync / period
+
+
+@pytest.mark.parametrize(("period", "onset"), [(4, 0), (8, 100), (12, 40)])
+def test_a_discrepancy_back_at_its_floor_every_n_steps_is_a_periodic_sync(period, onset):
+    from moeproxy.signatures.levels import sync_period
+
+    v = _sawtooth(period, onset)
+    found = sync_period(v)
+    assert found is not None and found.period == period
+    assert found.first >= onset and found.returns >= (N - onset) // period - 1
+    run = _run({"train/reward": 0.3 + 0.3 * np.arange(N) / N, "train/vllm_kl": v}, "openrlhf")
+    [finding] = [f for f in whole_run_evidence(run) if f.rule == "sync_sawtooth"]
+    assert finding.supports == ("stale_weight_sync",) and finding.value == period
+    assert f"every {period} steps" in finding.text and finding.source_name == "train/vllm_kl"
+
+
+def test_a_discrepancy_with_spikes_at_random_steps_or_at_rounding_level_is_no_sync():
+    from moeproxy.signatures.levels import floor_returns, sync_period
+
+    rng = np.random.default_rng(3)
+    spiky = 0.001 * (1 + rng.normal(0, 0.05, N))
+    spiky[rng.choice(N, 20, replace=False)] *= 10  # heavy-tailed kernel noise: returns at random steps
+    assert len(floor_returns(spiky)) >= 10 and sync_period(spiky) is None
+    # The same saw-tooth at float32 rounding's size (1e-7) is batching, not a stale copy.
+    assert sync_period(_sawtooth(4, 0, floor=1e-8, amplitude=1e-7)) is None
+    assert sync_period(np.zeros(N)) is None  # an engine whose rollout equals its trainer
+    assert sync_period(np.full(N, 0.003)) is None
+    # A jump to a new level (a precision fault) returns to no floor.
+    assert sync_period(np.where(np.arange(N) >= 100, 0.02, 0.003) * (1 + rng.normal(0, 0.05, N))) is None
