@@ -162,7 +162,7 @@ def _importance_ratio(run: CanonicalRun) -> list[Finding]:
 
 
 #: Rollout/trainer discrepancy metrics a stale rollout lifts: each falls back to its floor right
-#: after a weight sync (rollout_kl's k3 estimate also turns negative, so it rarely shows the floor).
+#: after a weight sync (a k1 estimate of rollout_kl is signed step to step and may show no floor).
 SYNC_METRICS = ("rollout_train_logp_diff", "rollout_train_logp_diff_max", "rollout_kl")
 SYNC_PERIODS = range(3, 33)  # steps between syncs that the rule looks for
 SYNC_MIN_RESETS = 5  # returns to the floor on one phase of the period: fewer could be chance
@@ -230,11 +230,13 @@ def _sync_sawtooth(run: CanonicalRun) -> list[Finding]:
         if found is None:
             continue
         first = int(run.steps[kept[found.first]])
-        return [Finding("sync_sawtooth", metric, s.source, float(found.period), SYNC_MIN_RESETS,
+        # The period in steps: a long run's canonical grid holds one point per several steps.
+        every = found.period * max(1, int(np.median(np.diff(run.steps[kept]))))
+        return [Finding("sync_sawtooth", metric, s.source, float(every), SYNC_MIN_RESETS,
                         ("stale_weight_sync",),
-                        f"{s.source} falls back to its floor every {found.period} steps ({found.returns} times "
+                        f"{s.source} falls back to its floor every {every} steps ({found.returns} times "
                         f"from step {first}) and climbs in between: the rollout engine gets the trainer's "
-                        f"weights only every {found.period} steps and samples from stale ones in between",
+                        f"weights only every {every} steps and samples from stale ones in between",
                         "sync-period")]
     return []
 

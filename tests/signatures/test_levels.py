@@ -206,3 +206,11 @@ def test_a_discrepancy_with_spikes_at_random_steps_or_at_rounding_level_is_no_sy
     assert sync_period(np.full(N, 0.003)) is None
     # A jump to a new level (a precision fault) returns to no floor.
     assert sync_period(np.where(np.arange(N) >= 100, 0.02, 0.003) * (1 + rng.normal(0, 0.05, N))) is None
+
+
+def test_the_sync_period_is_given_in_steps_when_the_run_logs_every_other_step():
+    v = _sawtooth(8, 0)[::2]  # logged every 2nd step: the saw-tooth is 4 points long
+    steps = [{"step": 2 * k, "values": {"train/vllm_kl": float(x), "train/reward": 0.3}} for k, x in enumerate(v)]
+    run = canonicalise(RunMetrics.from_steps(steps, framework="openrlhf"))
+    [finding] = [f for f in whole_run_evidence(run) if f.rule == "sync_sawtooth"]
+    assert finding.value == 8 and "every 8 steps" in finding.text
