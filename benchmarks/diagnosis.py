@@ -30,7 +30,7 @@ Stages (each reuses what is on disk; stop and start again at will):
    print the markdown table docs/benchmarks.md carries. Writes ``benchmarks/results/diagnosis_v2.json``.
    When ``benchmarks/results/view_visibility.json`` (``benchmarks/visibility.py``) was measured on the
    same library, the in-engine sets also get their figures on the runs whose variant the library's
-   own runs show in the run's view: the ceiling a framework's loggers leave to any matcher.
+   own runs show in the run's view: the ceiling a framework's loggers leave to the library.
 
     OMP_NUM_THREADS=2 nice -n 10 python benchmarks/diagnosis.py --work runs/diagnosis-v2
 """
@@ -224,7 +224,7 @@ def _visibility(path: Path | None, library: Path) -> dict[str, Any] | None:
 
 def visible_figures(root: Path, rows: Sequence[Mapping[str, Any]], visibility: Mapping[str, Any]) -> dict[str, Any]:
     """The held-out figures on the runs whose variant the library's own runs show in the run's view
-    (benchmarks/visibility.py): the share the view lets any matcher name."""
+    (benchmarks/visibility.py): the runs the view lets the library name at all."""
     from visibility import run_visible
 
     labels = json.loads((root / "labels.json").read_text())

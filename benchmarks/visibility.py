@@ -1,9 +1,9 @@
 """Which fault variants each framework view can show at all, measured on the library's own runs.
 
 A held-out run written in TRL's or OpenRLHF's view logs only that framework's metrics. When none of
-them moves under a fault, no matcher can name it from that view, and the held-out set's top-1 has a
-ceiling below 100% that no engine change lifts. This benchmark measures that ceiling without
-looking at the held-out runs: every fingerprint of the shipped library is scored against its own
+them changes under a fault in the library's own runs, the library's fingerprints and findings cannot
+name it from that view, and the held-out set's top-1 has a ceiling below 100% that no change to the
+ranking lifts. This benchmark measures that ceiling without looking at the held-out runs: every fingerprint of the shipped library is scored against its own
 campaign-v2 fault runs and their healthy twins, read in each framework view exactly as the held-out
 export writes them (``moeproxy.reproduction.views``), and against the whole-run findings
 (``signatures/levels.py``) of the same runs.
