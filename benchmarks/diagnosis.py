@@ -237,7 +237,8 @@ def visible_figures(root: Path, rows: Sequence[Mapping[str, Any]], visibility: M
             "top1": evalsets.share(sum(r["ranked"][0] == r["label"] for r in seen), len(seen)),
             "top3": evalsets.share(sum(r["label"] in r["ranked"][:3] for r in seen), len(seen)),
             "hidden": [r["id"] for r in hidden], "not_measured": [r["id"] for r in unknown],
-            "hidden_named": sum(r["ranked"][0] == r["label"] for r in hidden)}
+            "hidden_named": sum(r["ranked"][0] == r["label"] for r in hidden),
+            "visibility_commit": visibility.get("commit")}
 
 
 def visible_table(results: Mapping[str, Mapping[str, Any]]) -> str:

@@ -72,7 +72,9 @@ def measure(library_path: Path, campaign_dir: Path) -> dict[str, Any]:
                       "views": per_view}
         print(f"{fp.id:70s} " + "  ".join(f"{v}: {'visible' if r['visible'] else 'hidden '} ({r['separation']:+.2f})"
                                           for v, r in per_view.items()), flush=True)
+    # The commit says which whole-run rules ran: a rule added later can make more variants visible.
     return {"library": str(library_path), "library_sha256": evalsets._file_hash(library_path),
+            "commit": evalsets._commit(),
             "min_separation": MIN_SEPARATION, "views": list(VIEWS), "fingerprints": out}
 
 
