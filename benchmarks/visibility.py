@@ -3,10 +3,11 @@
 A held-out run written in TRL's or OpenRLHF's view logs only that framework's metrics. When none of
 them changes under a fault in the library's own runs, the library's fingerprints and findings cannot
 name it from that view, and the held-out set's top-1 has a ceiling below 100% that no change to the
-ranking lifts. This benchmark measures that ceiling without looking at the held-out runs: every fingerprint of the shipped library is scored against its own
-campaign-v2 fault runs and their healthy twins, read in each framework view exactly as the held-out
-export writes them (``moeproxy.reproduction.views``), and against the whole-run findings
-(``signatures/levels.py``) of the same runs.
+ranking lifts. This benchmark measures that ceiling without looking at the held-out runs: every
+fingerprint of the shipped library is scored against its own campaign-v2 fault runs and their
+healthy twins, read in each framework view exactly as the held-out export writes them
+(``moeproxy.reproduction.views``), and the whole-run findings (``signatures/levels.py``) are read
+off the same runs.
 
 A variant is *visible* in a view when one of its fingerprints separates its own fault runs from
 their twins there (fault median minus best twin ≥ ``fingerprint.MIN_SEPARATION``, the bar the
@@ -43,6 +44,7 @@ def measure(library_path: Path, campaign_dir: Path) -> dict[str, Any]:
     from moeproxy.signatures import dtw
     from moeproxy.signatures.build import load_trace_dir, separation, signatures_of
     from moeproxy.signatures.fingerprint import MIN_SEPARATION, load_library
+
     dtw.warm()
     lib = load_library(library_path)
     twins_dir = campaign_dir / "library" / "healthy"
@@ -61,7 +63,6 @@ def measure(library_path: Path, campaign_dir: Path) -> dict[str, Any]:
             faults = signatures_of([ts.fault_runs[s] for s in seeds], lib.params)
             twins = signatures_of([ts.healthy_runs[s] for s in seeds], lib.params)
             sep, twin = separation(fp, faults, twins)
-
             on_faults, on_twins = (_finding_runs(sigs, fp.fault_class) for sigs in (faults, twins))
             per_view[view] = {
                 "separation": sep, "twin_score": twin, "runs": len(seeds),
