@@ -53,6 +53,10 @@ SOURCES: dict[str, str] = {
                    "up to N-1 updates old (SPEC section 3, stale_weight_sync): its discrepancy to the trainer is "
                    "at its floor right after each sync and grows until the next; the growth between weight "
                    "updates is reported in vllm-project/vime issue 64 (train_rollout_logprob_abs_diff)",
+    "ratio-spikes": "on the first update of a batch the new/old log-prob ratio is 1 by definition (the same weights "
+                    "score the same tokens; huggingface/trl issue 454): OpenRLHF issue 931 reports it at 1.002 or "
+                    "0.997 on-policy but now and then at 5e8, with the KL loss spiking at random steps, from "
+                    "numerically inconsistent forward passes (also OpenRLHF issue 525)",
 }
 
 
@@ -238,6 +242,61 @@ def _sync_sawtooth(run: CanonicalRun) -> list[Finding]:
                         f"from step {first}) and climbs in between: the rollout engine gets the trainer's "
                         f"weights only every {every} steps and samples from stale ones in between",
                         "sync-period")]
+    return []
+
+
+#: Chosen: a step whose per-update KL is at least this many times the median of its neighbours is
+#: a spike (two orders of magnitude; the report of SOURCES["ratio-spikes"] saw eight). A small
+#: batch's per-update KL is noisy: campaign v2's healthy runs reach 50-100x their neighbours on a step
+#: or two.
+SPIKE_FACTOR = 100.0
+SPIKE_NEIGHBOURS = 5  # steps each side whose median is a step's baseline
+#: Chosen: spikes a run needs; one or two can be one bad batch, and a learning rate far too high
+#: gives a couple too (campaign v2's LR x300 runs: up to 7 in 120 steps, beside `lr_level`).
+SPIKE_MIN = 5
+SPIKE_METRICS = ("ppo_kl",)  # the KL between the updated and the rollout-time policy (verl, OpenRLHF)
+
+
+def neighbour_median(v: np.ndarray, k: int = SPIKE_NEIGHBOURS) -> np.ndarray:
+    """For each point, the median of up to ``k`` points on each side of it (itself left out)."""
+    if v.size == 0:
+        return np.zeros(0)
+    padded = np.concatenate([np.full(k, np.nan), v.astype(float), np.full(k, np.nan)])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * k + 1).copy()
+    windows[:, k] = np.nan
+    with np.errstate(all="ignore"):
+        return np.nanmedian(windows, axis=1) if v.size > 1 else np.full(1, np.nan)
+
+
+def spike_steps(v: np.ndarray) -> np.ndarray:
+    """Indices where ``|v|`` is at least :data:`SPIKE_FACTOR` times its neighbours' median (a
+    neighbourhood whose median is 0 or missing judges nothing: a run that stopped updating)."""
+    a = np.abs(v)
+    base = neighbour_median(a)
+    return np.flatnonzero((base > 0) & (a >= SPIKE_FACTOR * np.where(base > 0, base, np.inf)))
+
+
+@rule("ratio_spikes")
+def _ratio_spikes(run: CanonicalRun) -> list[Finding]:
+    """The per-update KL jumps by two orders of magnitude on isolated steps and falls straight back:
+    the trainer's forward passes disagree with themselves on some batches (a numerically wrong
+    kernel), not a policy that moved (a level shift or a growth moves the neighbours too)."""
+    for metric in SPIKE_METRICS:
+        got = _values(run, metric, 2 * SPIKE_NEIGHBOURS + 1)
+        if got is None:
+            continue
+        s, v = got
+        spikes = spike_steps(v)
+        if spikes.size < SPIKE_MIN:
+            continue
+        kept = np.flatnonzero(s.observed & ~s.nonfinite)
+        first = int(run.steps[kept[spikes[0]]])
+        peak = float(np.max(np.abs(v[spikes]) / neighbour_median(np.abs(v))[spikes]))
+        return [Finding("ratio_spikes", metric, s.source, float(spikes.size), SPIKE_MIN, ("operator_numeric_noise",),
+                        f"{s.source} spikes to {SPIKE_FACTOR:.0f}x or more its neighbouring steps on {spikes.size} "
+                        f"steps (first at step {first}, up to {peak:.3g}x) and falls straight back: the new and "
+                        "old log-probs of one batch disagree by orders of magnitude now and then, a numerically "
+                        "inconsistent forward pass", "ratio-spikes")]
     return []
 
 

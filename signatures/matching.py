@@ -105,6 +105,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "reward_stuck": 3.0,
     "reward_component_silent": 3.0,
     "lr_level": 3.0,
+    "ratio_spikes": 3.0,
     "rollout_mismatch_level": 2.0,
     "sync_sawtooth": 2.0,
     "importance_ratio_level": 2.0,

@@ -214,3 +214,78 @@ def test_the_sync_period_is_given_in_steps_when_the_run_logs_every_other_step():
     run = canonicalise(RunMetrics.from_steps(steps, framework="openrlhf"))
     [finding] = [f for f in whole_run_evidence(run) if f.rule == "sync_sawtooth"]
     assert finding.value == 8 and "every 8 steps" in finding.text
+
+
+def _on_policy_kl(seed: int = 0, *, spikes: int = 0, factor: float = 1000.0) -> np.ndarray:
+    """OpenRLHF's train/ppo_kl of a small-batch on-policy run: ~0.0025 with heavy noise from step 0,
+    and ``spikes`` isolated steps where the new and old log-probs disagree by orders of magnitude."""
+    rng = np.random.default_rng(seed)
+    v = 0.0025 * rng.lognormal(0.0, 0.6, N)
+    v[rng.choice(np.arange(10, N - 10), spikes, replace=False)] *= factor
+    return v
+
+
+def _openrlhf(ppo_kl: np.ndarray) -> set[str]:
+    t = np.arange(N)
+    return _rules({"train/reward": 0.3 + 0.3 * t / N, "train/ppo_kl": ppo_kl}, "openrlhf")
+
+
+def test_the_per_update_kl_spiking_by_orders_of_magnitude_on_isolated_steps_is_kernel_noise():
+    run = _run({"train/reward": 0.3 + 0.3 * np.arange(N) / N, "train/ppo_kl": _on_policy_kl(spikes=8)}, "openrlhf")
+    [finding] = [f for f in whole_run_evidence(run) if f.rule == "ratio_spikes"]
+    assert finding.supports == ("operator_numeric_noise",) and finding.value == 8
+    assert finding.source_name == "train/ppo_kl" and "on 8 steps" in finding.text
+    assert finding.source == "ratio-spikes" and "operator_numeric_noise" not in finding.against
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_noisy_per_update_kl_a_few_spikes_or_a_policy_that_moves_is_no_kernel_noise(seed):
+    from moeproxy.signatures.levels import SPIKE_MIN
+
+    t = np.arange(N)
+    assert "ratio_spikes" not in _openrlhf(_on_policy_kl(seed))  # noisy, heavy-ish tailed, no spike
+    assert "ratio_spikes" not in _openrlhf(_on_policy_kl(seed, spikes=SPIKE_MIN - 1))  # a bad batch or two
+    assert "ratio_spikes" not in _openrlhf(_on_policy_kl(seed, spikes=8, factor=20.0))  # within the noise
+    # An LR change at step 100 (a level shift) and a policy running away (growth) move the neighbours too.
+    assert "ratio_spikes" not in _openrlhf(_on_policy_kl(seed) * np.where(t >= 100, 300.0, 1.0))
+    assert "ratio_spikes" not in _openrlhf(_on_policy_kl(seed) * np.exp(np.maximum(0, t - 100) * 0.08))
+    # A run that stopped updating logs 0 around its last blips: nothing to compare them with.
+    stopped = np.where(t >= 50, 0.0, _on_policy_kl(seed))
+    stopped[[80, 100, 120, 140, 160, 180]] = 0.01
+    assert "ratio_spikes" not in _openrlhf(stopped)
+
+
+def test_the_neighbour_median_matches_the_naive_one():
+    from moeproxy.signatures.levels import neighbour_median
+
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 7, 11, 40):
+        v = rng.lognormal(0, 1, n)
+        naive = [np.median(np.r_[v[max(0, i - 5):i], v[i + 1:i + 6]]) if n > 1 else np.nan for i in range(n)]
+        np.testing.assert_allclose(neighbour_median(v), naive, rtol=0, atol=0)
+    assert neighbour_median(np.zeros(0)).size == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_shipped_library_names_kernel_noise_on_a_learning_run_whose_per_update_kl_spikes(seed):
+    """OpenRLHF issue 931's run: training improves, the per-update KL spikes at random steps."""
+    from moeproxy.signatures.fingerprint import load_library
+    from moeproxy.signatures.matching import triage
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(N)
+    cols = {"train/reward": 0.3 + 0.3 * (1 - np.exp(-t / 60)) + rng.normal(0, 0.02, N),
+            "train/entropy_loss": 0.6 - 0.1 * t / N + rng.normal(0, 0.01, N),
+            "train/kl": 0.001 + 0.02 * t / N + np.abs(rng.normal(0, 0.001, N)),
+            "train/actor_grad_norm": 0.5 + rng.normal(0, 0.05, N),
+            "train/response_length": 600 + 100 * t / N + rng.normal(0, 10, N), "train/actor_lr": np.full(N, 5e-7)}
+    lib = load_library()
+    tops = {}
+    for spikes in (0, 8):
+        v = _on_policy_kl(seed, spikes=spikes)
+        steps = [{"step": k, "values": {**{m: float(x[k]) for m, x in cols.items()}, "train/ppo_kl": float(v[k])}}
+                 for k in range(N)]
+        tops[spikes] = triage(RunMetrics.from_steps(steps, framework="openrlhf"), lib, framework="openrlhf").candidates
+    assert tops[0][0].fault_class == "healthy"
+    assert tops[8][0].fault_class == "operator_numeric_noise"
+    assert any("on 8 steps" in line for line in tops[8][0].evidence)
