@@ -285,7 +285,13 @@ def canonicalise(run: RunMetrics | BinnedRun, *, aliases: Iterable[MetricAlias] 
     alias_list = list(aliases)
     fw = framework or binned.framework
     index = alias_index(alias_list, fw)
-    priority = {a.name: i for i, a in enumerate(alias_list)}
+    # A name's first place among this framework's aliases: another framework that logs the same
+    # name later in the table (MindSpeed-RL's actor/entropy) must not push it behind a name
+    # listed after it for this one (verl's earlier actor/entropy_loss).
+    priority: dict[str, int] = {}
+    for i, a in enumerate(alias_list):
+        if fw is None or a.framework in ("*", fw):
+            priority.setdefault(a.name, i)
     chosen: dict[str, str] = {}  # canonical -> logged name
     for logged in sorted(binned.series, key=lambda n: (priority.get(n, len(priority)), n)):
         canon = canonical_name(logged, index)

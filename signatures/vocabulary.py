@@ -77,8 +77,12 @@ _TABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "verl": ("critic/score/std", "critic/rewards/std"),
         "openrlhf": ("train/reward_std",),
     },
+    # Earlier framework releases' names come after the current ones (the first listed wins when a
+    # run logs both): verl up to 0.2 logged the in-reward KL to the reference as critic/kl and the
+    # entropy as actor/entropy_loss (later actor/reward_kl_penalty and actor/entropy); TRL up to
+    # 0.15 logged the mean completion length as completion_length.
     "kl": {
-        "verl": ("actor/kl_loss",),
+        "verl": ("actor/kl_loss", "actor/reward_kl_penalty", "critic/kl"),
         "trl": ("kl",),
         "openrlhf": ("train/kl",),
         "mindspeed_rl": ("actor/kl_loss",),
@@ -109,7 +113,7 @@ _TABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "trl": ("sampling/importance_sampling_ratio/mean",),
     },
     "entropy": {
-        "verl": ("actor/entropy",),
+        "verl": ("actor/entropy", "actor/entropy_loss"),
         "trl": ("entropy",),
         "openrlhf": ("train/entropy_loss",),
         "mindspeed_rl": ("actor/entropy",),
@@ -134,7 +138,7 @@ _TABLE: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "response_length": {
         "verl": ("response_length/mean",),
-        "trl": ("completions/mean_length",),
+        "trl": ("completions/mean_length", "completion_length"),
         "openrlhf": ("train/response_length",),
     },
     # TRL GRPOTrainer._metrics (1.16): completions/{min,max}_length, completions/clipped_ratio,
@@ -197,7 +201,8 @@ VIEWS: dict[str, frozenset[str] | None] = {
     "minimal": frozenset({"reward_mean", "kl", "entropy", "grad_norm", "pg_loss", "response_length"}),
 }
 
-# TRL logs one reward component per reward function as rewards/<function>/mean.
+# TRL logs one reward component per reward function as rewards/<function>/mean (up to 0.15 as
+# rewards/<function>, the mean alone).
 
 REWARD_COMPONENT_PREFIX = "rewards/"
 REWARD_COMPONENT_SUFFIX = "/mean"
@@ -250,8 +255,10 @@ def canonical_name(name: str, index: Mapping[str, str]) -> str:
     """The canonical name of a logged metric, or the name itself when unknown."""
     if name in index:
         return index[name]
-    if name.startswith(REWARD_COMPONENT_PREFIX) and name.endswith(REWARD_COMPONENT_SUFFIX):
-        return "reward_component/" + name[len(REWARD_COMPONENT_PREFIX) : -len(REWARD_COMPONENT_SUFFIX)]
+    if name.startswith(REWARD_COMPONENT_PREFIX):
+        function = name.removeprefix(REWARD_COMPONENT_PREFIX).removesuffix(REWARD_COMPONENT_SUFFIX)
+        if function and "/" not in function:  # not rewards/<function>/std
+            return "reward_component/" + function
     return name
 
 
@@ -265,8 +272,8 @@ def vocabulary_markdown() -> str:
         "under (SPEC section 4). Generated from `moeproxy/signatures/vocabulary.py` by",
         "`python -m moeproxy.signatures.vocabulary > docs/vocabulary.md`; a test keeps the two equal.",
         "A project adds its own names with `POST /api/v1/aliases`. TRL's per-function reward",
-        f"components (`{REWARD_COMPONENT_PREFIX}<function>{REWARD_COMPONENT_SUFFIX}`) map to",
-        "`reward_component/<function>`. Control metrics (settings, not model behaviour): "
+        f"components (`{REWARD_COMPONENT_PREFIX}<function>{REWARD_COMPONENT_SUFFIX}`, up to TRL 0.15",
+        f"`{REWARD_COMPONENT_PREFIX}<function>`) map to `reward_component/<function>`. Control metrics (settings, not model behaviour): "
         + ", ".join(f"`{m}`" for m in sorted(CONTROL_METRICS)) + ".",
         "",
         "| canonical | meaning | " + " | ".join("any framework" if f == "*" else f for f in frameworks) + " |",

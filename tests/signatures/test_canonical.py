@@ -19,7 +19,14 @@ from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, alias_index, canonic
         ("openrlhf", "train/actor_grad_norm", "grad_norm"),
         ("mindspeed_rl", "grpo/score/mean", "reward_mean"),
         ("trl", "rewards/accuracy_reward/mean", "reward_component/accuracy_reward"),
+        ("trl", "rewards/accuracy_reward/std", "rewards/accuracy_reward/std"),
         ("verl", "my/custom_metric", "my/custom_metric"),
+        # Earlier releases' names: verl <= 0.2, TRL <= 0.15.
+        ("verl", "critic/kl", "kl"),
+        ("verl", "actor/reward_kl_penalty", "kl"),
+        ("verl", "actor/entropy_loss", "entropy"),
+        ("trl", "completion_length", "response_length"),
+        ("trl", "rewards/correctness_reward_func", "reward_component/correctness_reward_func"),
     ],
 )
 def test_alias_mapping(framework, name, canonical):
@@ -42,6 +49,16 @@ def test_canonicalise_renames_and_keeps_the_first_listed_of_two_names_for_one_me
     assert c.metrics["critic/rewards/mean"].source == "critic/rewards/mean"
     assert "unknown/thing" in c.metrics
     assert c.renamed == {"critic/score/mean": "reward_mean"}
+
+
+def test_a_current_name_wins_over_an_earlier_releases_name_for_the_same_metric():
+    run = RunMetrics.from_arrays({"actor/entropy": [0.5, 0.4, 0.3], "actor/entropy_loss": [9.0, 9.0, 9.0],
+                                  "actor/kl_loss": [0.0, 0.1, 0.2], "critic/kl": [5.0, 5.0, 5.0]}, framework="verl")
+    c = canonicalise(run)
+    assert c.metrics["entropy"].source == "actor/entropy" and c.metrics["kl"].source == "actor/kl_loss"
+    old = canonicalise(RunMetrics.from_arrays({"actor/entropy_loss": [0.5, 0.4, 0.3], "critic/kl": [0.0, 0.1, 0.2]},
+                                              framework="verl"))
+    assert old.renamed == {"actor/entropy_loss": "entropy", "critic/kl": "kl"}
 
 
 def test_trl_and_verl_names_land_on_the_same_canonical_metrics():
