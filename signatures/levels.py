@@ -302,6 +302,14 @@ def _ratio_spikes(run: CanonicalRun) -> list[Finding]:
 
 #: Consecutive steps of an exactly-zero gradient norm that count as "no update".
 ZERO_GRAD_RUN = 3
+#: Chosen: share of the logged steps from the first zero gradient to the end that must be zero. An
+#: update that is dropped stays dropped (frozen parameters, a detached loss, a skipped optimizer step:
+#: every step from where it starts); a gradient that is 0 on stretches of a run that otherwise
+#: trains is a batch without signal, or a logging point that samples one step of an interval.
+ZERO_GRAD_PERSISTS = 0.8
+#: A step whose every prompt group tied (``zero_std_frac`` at 1) has advantage 0 everywhere, so
+#: GRPO's gradient is 0 by definition (SOURCES["grpo-advantage"]): the zero explains itself.
+ALL_GROUPS_TIED = 0.999
 
 
 @rule("grad_norm_zero")
@@ -313,10 +321,18 @@ def _grad_norm_zero(run: CanonicalRun) -> list[Finding]:
     longest = _longest_true(zero)
     if longest < ZERO_GRAD_RUN:
         return []
-    first = int(run.steps[int(np.argmax(zero))])
+    tied = run.metrics.get("zero_std_frac")
+    if tied is not None and not np.any(zero & ~(tied.observed & (tied.values >= ALL_GROUPS_TIED))):
+        return []  # every zero gradient fell on a step whose groups all tied: no signal, not no update
+    start = int(np.argmax(zero))
+    logged = s.observed[start:]
+    if zero[start:].sum() < ZERO_GRAD_PERSISTS * logged.sum():
+        return []
+    first = int(run.steps[start])
     return [Finding("grad_norm_zero", "grad_norm", s.source, float(longest), ZERO_GRAD_RUN,
                     ("actor_update_omission",), f"{s.source} exactly 0 for {longest} steps in a row (first at "
-                    f"step {first}): no update reached the policy", "no-gradient")]
+                    f"step {first}) and on {zero[start:].sum()} of the {logged.sum()} logged steps since: no "
+                    "update reached the policy", "no-gradient")]
 
 
 #: Metrics whose non-finite values are the overflow signature (SPEC section 3).

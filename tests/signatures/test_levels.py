@@ -85,6 +85,28 @@ def test_each_fault_from_step_0_leaves_its_finding():
         assert name in _rules({**base, **override}), name
 
 
+def test_a_zero_gradient_on_steps_whose_groups_all_tied_or_on_a_few_steps_of_a_training_run_is_no_omission():
+    """GRPO's gradient is 0 when every group ties (no advantage), and a logging point that samples one
+    step of an interval can catch such a step: neither is an update the framework dropped."""
+    base = _healthy_trl()
+    t = np.arange(N)
+    late = t >= 120
+    tied = np.where(late, 1.0, 0.3)
+    # A stretch where every completion scores the same: gradient 0 exactly there (a real TRL run's).
+    assert "grad_norm_zero" not in _rules({**base, "grad_norm": np.where(late, 0.0, 0.5), "frac_reward_zero_std": tied})
+    # The same zeros with groups that did not all tie: the update is gone.
+    assert "grad_norm_zero" in _rules({**base, "grad_norm": np.where(late, 0.0, 0.5),
+                                       "frac_reward_zero_std": np.full(N, 0.3)})
+    # Zeros on a few stretches of a run that keeps training (a logged point per interval).
+    sporadic = np.full(N, 0.5)
+    sporadic[[20, 21, 22, 60, 61, 100, 140, 141, 142, 180]] = 0.0
+    assert "grad_norm_zero" not in _rules({**base, "grad_norm": sporadic, "frac_reward_zero_std": np.full(N, 0.5)})
+    # Zeros from step 120 to the end but for one logged blip still mean no update.
+    blip = np.where(late, 0.0, 0.5)
+    blip[160] = 0.2
+    assert "grad_norm_zero" in _rules({**base, "grad_norm": blip})
+
+
 def test_every_rule_cites_a_source_that_the_docs_list():
     from pathlib import Path
 
