@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from moeproxy.importers import mlflow_run, table, tensorboard, trainer_state, verl, wandb_run
+from moeproxy.importers import hf_console, mlflow_run, table, tensorboard, trainer_state, verl, wandb_run
 from moeproxy.importers.base import InvalidSource, Record, Records
 from moeproxy.importers.framework import detect_framework
 from moeproxy.integrations._common import numeric_metrics
@@ -60,6 +60,8 @@ FORMATS: dict[str, Format] = {
                verl.read_file_logger, parse_line=verl.file_logger_line),
         Format("verl_console", "verl console log, step:N - key:value lines", verl.detect_console,
                verl.read_console, parse_line=verl.console_line),
+        Format("hf_console", "transformers / TRL console log, one {'loss': ...} dict a logging step (steps in log order)",
+               hf_console.detect, hf_console.read),
         # Before csv: a W&B export is a CSV whose own columns (_runtime, ...) are not metrics.
         Format("wandb_csv", "W&B CSV export: history (_step column) or a line plot panel's (Step, <run> - <metric>)",
                wandb_run.detect_csv, wandb_run.read_csv, run_name=wandb_run.csv_run_name),

@@ -40,6 +40,31 @@ def write_trainer_state(folder: Path, history: list[dict]) -> Path:
     return path
 
 
+def write_hf_console(path: Path, history: list[dict], *, bar: bool = True) -> Path:
+    """What a Trainer prints to a terminal (or ``nohup``'s file): transformers' own ProgressCallback
+    (the progress bar on standard error, each log dict written through it on standard output) or,
+    without a bar, its PrinterCallback; ``history`` as ``Trainer.log`` passes it (with ``step``
+    removed: the console dict holds none)."""
+    import contextlib
+
+    from transformers import TrainerControl, TrainerState
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    state = TrainerState(max_steps=history[-1]["step"])
+    control = TrainerControl()
+    callback = ProgressCallback() if bar else PrinterCallback()
+    with path.open("w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        print("Loading checkpoint shards: 100%|##########| 2/2 [00:01<00:00,  1.40it/s]")
+        callback.on_train_begin(None, state, control)
+        for entry in history:
+            state.global_step = entry["step"]
+            if bar:
+                callback.on_step_end(None, state, control)
+            callback.on_log(None, state, control, logs={k: v for k, v in entry.items() if k != "step"})
+        callback.on_train_end(None, state, control)
+    return path
+
+
 def verl_steps(n_steps: int = 40, seed: int = 1) -> list[tuple[int, dict]]:
     rng = np.random.default_rng(seed)
     return [(step, {name: np.float64(0.5 * i + 0.01 * step + 0.01 * rng.standard_normal())

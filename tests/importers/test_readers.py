@@ -17,6 +17,7 @@ from tests.importers.fixtures import (
     trl_history,
     verl_console_line,
     verl_steps,
+    write_hf_console,
     write_mlflow_run,
     write_trainer_state,
     write_verl_file_logger,
@@ -74,6 +75,37 @@ def test_verl_console_lines_among_other_output(tmp_path):
     got = _as_dict(run)
     assert got[6]["actor/kl_loss"] == pytest.approx(float(steps[5][1]["actor/kl_loss"]), rel=1e-15)
     assert math.isnan(got[3]["actor/pg_loss"])
+
+
+@pytest.mark.parametrize("bar", [True, False])
+def test_hf_console_dicts_as_the_trainers_callbacks_print_them(tmp_path, bar):
+    pytest.importorskip("transformers")
+    history = trl_history(n_steps=15)
+    history.insert(5, {"epoch": 0.33, "step": 5, "eval_loss": 0.7, "eval_runtime": 0.5})  # not a training step
+    history[7]["grad_norm"] = float("nan")
+    path = write_hf_console(tmp_path / "grpo.log", history, bar=bar)
+    run = read_source(path)
+    assert run.format == "hf_console" and run.framework == "trl"
+    got = _as_dict(run)
+    assert sorted(got) == list(range(1, 16))  # log order: the dicts hold no step; eval and summary skipped
+    train = [e for e in history if "loss" in e]
+    for step, entry in enumerate(train, start=1):
+        for name in TRL_NAMES:
+            # Releases since 2024 print each float with 4 significant digits, as a string.
+            if not math.isnan(entry[name]):
+                assert got[step][name] == float(f"{entry[name]:.4g}"), (step, name)
+    assert math.isnan(got[7]["grad_norm"])
+    assert not {"train_runtime", "total_flos", "eval_loss", "step"} & run.metric_names()
+
+
+def test_hf_console_dict_wrapped_by_a_terminal_and_one_that_carries_its_step(tmp_path):
+    path = tmp_path / "wrapped.log"
+    path.write_text("{'loss': 0.01, 'grad_norm': 1.5, 'learning_rate': 1e-06, 'rewa\nrd': 0.3, 'kl': 0.0\n02, 'epoch': 0.1}\n"
+                    "Map: 100%|####| 10/10 [00:00<00:00]\n{'temperature': 0.9, 'top_p': 1.0}\n"
+                    "{'loss': 0.02, 'grad_norm': 1.4, 'learning_rate': 1e-06, 'reward': 0.4, 'kl': 0.003, 'step': 40}\n")
+    got = _as_dict(read_source(path))
+    assert got == {1: {"loss": 0.01, "grad_norm": 1.5, "learning_rate": 1e-06, "reward": 0.3, "kl": 0.002, "epoch": 0.1},
+                   40: {"loss": 0.02, "grad_norm": 1.4, "learning_rate": 1e-06, "reward": 0.4, "kl": 0.003}}
 
 
 def test_csv_and_parquet_from_pandas(tmp_path):
@@ -325,8 +357,8 @@ def test_detection_and_the_registry(tmp_path):
         read_source(tmp_path / "notes.txt")
     with pytest.raises(InvalidSource, match="unknown format 'nope'"):
         read_source(tmp_path / "notes.txt", "nope")
-    assert set(FORMATS) >= {"trainer_state", "verl_file", "verl_console", "csv", "parquet", "tensorboard", "mlflow",
-                            "wandb", "wandb_csv"}
+    assert set(FORMATS) >= {"trainer_state", "verl_file", "verl_console", "hf_console", "csv", "parquet",
+                            "tensorboard", "mlflow", "wandb", "wandb_csv"}
 
 
 @pytest.mark.parametrize(("names", "framework"), [
