@@ -31,6 +31,7 @@ from moeproxy.signatures.fingerprint import (
     save_library,
 )
 from moeproxy.signatures.matching import Candidate, TriageResult, class_onset, expected_traces, triage
+from moeproxy.signatures.settings import RunSettings, settings_from_config
 
 __all__ = [
     "Candidate",
@@ -41,6 +42,7 @@ __all__ = [
     "InvalidLibrary",
     "InvalidRun",
     "RunMetrics",
+    "RunSettings",
     "RunSignature",
     "SignatureError",
     "TriageResult",
@@ -56,6 +58,7 @@ __all__ = [
     "resolve_library_path",
     "run_signature",
     "save_library",
+    "settings_from_config",
     "triage",
     "warm",
 ]

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from moeproxy.signatures.errors import InvalidRun
+from moeproxy.signatures.settings import DEFAULT_SETTINGS, RunSettings
 from moeproxy.signatures.values import format_value, parse_nonfinite
 from moeproxy.signatures.vocabulary import DEFAULT_ALIASES, MetricAlias, alias_index, canonical_name
 
@@ -227,6 +228,7 @@ class CanonicalRun:
     framework: str | None = None
     name: str | None = None
     renamed: Mapping[str, str] = field(default_factory=dict)  # logged name -> canonical
+    settings: RunSettings = DEFAULT_SETTINGS  # what the run's config says (settings.py)
 
     @property
     def n_steps(self) -> int:
@@ -278,7 +280,8 @@ class BinnedRun:
 
 
 def canonicalise(run: RunMetrics | BinnedRun, *, aliases: Iterable[MetricAlias] = DEFAULT_ALIASES,
-                 framework: str | None = None, max_points: int = MAX_GRID_POINTS) -> CanonicalRun:
+                 framework: str | None = None, max_points: int = MAX_GRID_POINTS,
+                 settings: RunSettings = DEFAULT_SETTINGS) -> CanonicalRun:
     """Rename to canonical metrics and resample onto one step grid (``run`` as points, binned here,
     or already binned, as the service reads a long run)."""
     binned = run if isinstance(run, BinnedRun) else bin_run(run, max_points=max_points)
@@ -298,7 +301,7 @@ def canonicalise(run: RunMetrics | BinnedRun, *, aliases: Iterable[MetricAlias] 
         chosen.setdefault(canon if canon not in chosen else logged, logged)
     metrics = {c: fill(c, logged, binned.series[logged], binned.grid.size) for c, logged in chosen.items()}
     renamed = {logged: c for c, logged in chosen.items() if c != logged}
-    return CanonicalRun(binned.grid, metrics, fw, binned.name, renamed)
+    return CanonicalRun(binned.grid, metrics, fw, binned.name, renamed, settings)
 
 
 def bin_run(run: RunMetrics, *, max_points: int = MAX_GRID_POINTS, extremes: bool = False) -> BinnedRun:

@@ -40,6 +40,10 @@ SOURCES: dict[str, str] = {
     "rl-lr": "RL learning rates of the public recipes: TRL GRPOConfig learning_rate default 1e-6; verl's GRPO and "
              "PPO examples use actor_rollout_ref.actor.optim.lr=1e-6 (LLM scale; an LR 100x above is the "
              "reported misconfiguration of SPEC section 3)",
+    "lora-lr": "LoRA trains at learning rates 10x to 128x those of full fine-tuning, more for larger models "
+               "(Thinking Machines, 'LoRA Without Regret', 2025, and tinker_cookbook.hyperparam_utils."
+               "get_lora_lr_over_full_finetune_lr: 32 for Llama-3.2-1B, 128 for Llama-3.1-70B); the rl-lr "
+               "range scaled by 128",
     "healthy-dynamics": "SPEC section 3, healthy: reward rising, entropy falling, KL to the reference growing slowly",
     "grpo-advantage": "GRPO's advantage is the reward minus its group's mean (DeepSeekMath, arXiv:2402.03300, "
                       "section 4.1): a group whose rewards all tie has advantage 0 and no gradient; TRL logs the "
@@ -439,6 +443,9 @@ def _forward_steps_after(run: CanonicalRun, index: int) -> int:
 
 #: 100x the recipes' 1e-6 (SOURCES["rl-lr"]): the LR multiplier of SPEC section 3.
 LR_FAR_ABOVE_RECIPES = 1e-4
+#: LoRA's LR over full fine-tuning's (SOURCES["lora-lr"]: 10x to 128x with model size): a LoRA run
+#: is judged 100x above the recipes scaled by the top of that range.
+LORA_LR_MULTIPLIER = 128.0
 
 
 @rule("lr_level")
@@ -448,10 +455,14 @@ def _lr_level(run: CanonicalRun) -> list[Finding]:
         return []
     s, v = got
     peak = float(v.max())  # the schedule's peak: warm-up and decay do not count
-    if peak <= LR_FAR_ABOVE_RECIPES:
+    lora = run.settings.lora
+    bar = LR_FAR_ABOVE_RECIPES * (LORA_LR_MULTIPLIER if lora else 1.0)
+    if peak <= bar:
         return []
-    return [Finding("lr_level", "lr", s.source, peak, LR_FAR_ABOVE_RECIPES, ("lr_misconfiguration",),
-                    f"{s.source} peaks at {peak:.3g}, over 100x the 1e-6 of the public RL recipes", "rl-lr")]
+    recipes = (f"the 1e-6 of the public RL recipes times {LORA_LR_MULTIPLIER:.0f}, the most LoRA needs"
+               if lora else "the 1e-6 of the public RL recipes")
+    return [Finding("lr_level", "lr", s.source, peak, bar, ("lr_misconfiguration",),
+                    f"{s.source} peaks at {peak:.3g}, over 100x {recipes}", "lora-lr" if lora else "rl-lr")]
 
 
 # --- trends against a healthy run ----------------------------------------------------------------

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,6 +40,7 @@ from moeproxy.signatures.canonical import CanonicalRun, RunMetrics, canonicalise
 from moeproxy.signatures.features import MetricSignature, RunSignature, run_signature
 from moeproxy.signatures.fingerprint import Fingerprint, FingerprintLibrary, MetricExpectation
 from moeproxy.signatures.levels import Finding, whole_run_evidence
+from moeproxy.signatures.settings import DEFAULT_SETTINGS, RunSettings
 from moeproxy.signatures.siblings import SiblingNote, sibling_notes
 from moeproxy.signatures.vocabulary import CONTROL_METRICS, DEFAULT_ALIASES, MetricAlias
 
@@ -225,11 +226,13 @@ class TriageResult:
 
 def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLibrary, *,
            framework: str | None = None, aliases: Iterable[MetricAlias] = DEFAULT_ALIASES,
-           run_id: Any = None, now: datetime | None = None, weights: Weights = WEIGHTS) -> TriageResult:
+           run_id: Any = None, now: datetime | None = None, weights: Weights = WEIGHTS,
+           settings: RunSettings | None = None) -> TriageResult:
     """Rank every fault class of ``library`` (healthy included) for one run: each class's best
     fingerprint score, combined with the run's whole-run findings, judged against the threshold of
-    the calibrated metric set nearest to what the run logs."""
-    sig = _signature(run, library, framework, aliases)
+    the calibrated metric set nearest to what the run logs. ``settings`` (what the run's config
+    says, settings.py) applies to a run canonicalised here; a ``RunSignature`` carries its own."""
+    sig = _signature(run, library, framework, aliases, settings)
     findings = tuple(whole_run_evidence(sig.run))
     # Classes a definitional or documented-range finding of this run supports: a flat-only
     # fingerprint (it expects only the absence of its twins' drift) is evidence beside one of them
@@ -321,11 +324,13 @@ def with_findings(score: float, fault_class: str, findings: Iterable[Finding], w
     return num / den
 
 
-def _signature(run, library, framework, aliases) -> RunSignature:
+def _signature(run, library, framework, aliases, settings: RunSettings | None) -> RunSignature:
     if isinstance(run, RunSignature):
         return run
     if isinstance(run, RunMetrics):
-        run = canonicalise(run, aliases=aliases, framework=framework)
+        run = canonicalise(run, aliases=aliases, framework=framework, settings=settings or DEFAULT_SETTINGS)
+    elif settings is not None:
+        run = replace(run, settings=settings)
     return run_signature(run, library.params)
 
 

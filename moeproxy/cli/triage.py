@@ -22,8 +22,16 @@ from moeproxy.cli.imports import FORMAT_HELP
 def read_run(file: str | Path | None, run_id: str | None, url: str | None, token: str | None,
              framework: str | None, format: str | None = None):
     """A RunMetrics from a file or from the service; user errors become a clean exit."""
+    return read_run_and_settings(file, run_id, url, token, framework, format)[0]
+
+
+def read_run_and_settings(file: str | Path | None, run_id: str | None, url: str | None, token: str | None,
+                          framework: str | None, format: str | None = None):
+    """``read_run``'s run, and the settings its config states (a run of the service: the config it
+    was created with; a file holds none, so full fine-tuning)."""
     from moeproxy.signatures.canonical import RunMetrics, load_run
     from moeproxy.signatures.errors import InvalidRun
+    from moeproxy.signatures.settings import DEFAULT_SETTINGS, settings_from_config
 
     if (file is None) == (run_id is None):
         raise _fail("give either a FILE or --run ID")
@@ -31,13 +39,13 @@ def read_run(file: str | Path | None, run_id: str | None, url: str | None, token
         from moeproxy.importers import is_uri
 
         if is_uri(file):
-            return _read_imported(file, framework, format)
+            return _read_imported(file, framework, format), DEFAULT_SETTINGS
         if not Path(file).exists():
             raise _fail(f"{file}: no such file")
         if format is not None or _imported_format(Path(file)):
-            return _read_imported(file, framework, format)
+            return _read_imported(file, framework, format), DEFAULT_SETTINGS
         try:
-            return load_run(Path(file), framework=framework)
+            return load_run(Path(file), framework=framework), DEFAULT_SETTINGS
         except InvalidRun as exc:
             raise _fail(str(exc)) from None
     import httpx
@@ -61,8 +69,9 @@ def read_run(file: str | Path | None, run_id: str | None, url: str | None, token
         raise _fail(f"cannot reach {base}: {exc}") from None
     info = meta.json()
     try:
-        return RunMetrics.from_columns(r.json()["metrics"], framework=framework or info.get("framework"),
-                                       name=info.get("name"))
+        run = RunMetrics.from_columns(r.json()["metrics"], framework=framework or info.get("framework"),
+                                      name=info.get("name"))
+        return run, settings_from_config(info.get("config"))
     except (InvalidRun, KeyError) as exc:
         raise _fail(f"unexpected metrics answer: {exc}") from None
 
@@ -104,16 +113,23 @@ def triage_command(
     top: int = typer.Option(5, "--top", help="Candidates to print (all with --json)."),
     details: bool = typer.Option(False, "--details", help="With --json: per-metric scores and change points."),
     as_json: bool = typer.Option(False, "--json", help="Print the SPEC section 5 triage object."),
+    lora: bool = typer.Option(False, "--lora", help=(
+        "The policy trains LoRA adapters: its learning rate is read against LoRA's range, 10-128x full "
+        "fine-tuning's (a run of the service says so in its config).")),
 ) -> None:
     """Rank the likely fault classes of a run (healthy included) with evidence in plain words."""
+    from dataclasses import replace
+
     from moeproxy.signatures.matching import triage
 
-    run = read_run(file, run_id, url, token, framework, format)
+    run, settings = read_run_and_settings(file, run_id, url, token, framework, format)
+    if lora:
+        settings = replace(settings, lora=True)
     lib = _load(library)
     if not run.series:
         raise _fail("the run has no metrics")
     rid = (int(run_id) if run_id.isdigit() else run_id) if run_id is not None else run.name
-    result = triage(run, lib, framework=framework, run_id=rid)
+    result = triage(run, lib, framework=framework, run_id=rid, settings=settings)
     if as_json:
         typer.echo(json.dumps(result.to_dict(details=details), indent=1))
         return

@@ -79,6 +79,8 @@ class MoeproxyCallback(TrainerCallback):
         model_config = getattr(model, "config", None)
         if model_config is not None:
             config["model_type"] = getattr(model_config, "model_type", None)
+        if peft := _peft_section(model):
+            config["peft"] = peft
         return config
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -107,3 +109,17 @@ class MoeproxyCallback(TrainerCallback):
         if self.client is not None:
             self.client.close(status="finished")
             self.client = None
+
+
+def _peft_section(model) -> dict[str, Any]:
+    """A PEFT model's adapter settings (``PeftModel.peft_config``: adapter name -> its config), so
+    that triage reads a LoRA run's learning rate against LoRA's range; empty for a full model."""
+    adapters = getattr(model, "peft_config", None)
+    if not isinstance(adapters, Mapping) or not adapters:
+        return {}
+    out: dict[str, Any] = {}
+    for name, cfg in adapters.items():
+        peft_type = getattr(cfg, "peft_type", None)
+        out[str(name)] = {"peft_type": str(getattr(peft_type, "value", peft_type)),
+                          "r": getattr(cfg, "r", None), "lora_alpha": getattr(cfg, "lora_alpha", None)}
+    return out

@@ -20,6 +20,7 @@ import numpy as np
 from moeproxy.service.triage.errors import LibraryUnavailable
 from moeproxy.service.triage.schemas import TriageCandidate, TriageResponse, TriageSiblingNote
 from moeproxy.signatures.canonical import BinnedRun
+from moeproxy.signatures.settings import DEFAULT_SETTINGS, RunSettings
 from moeproxy.signatures.vocabulary import MetricAlias
 
 log = logging.getLogger(__name__)
@@ -92,18 +93,25 @@ class SignatureEngine:
         aliases: Sequence[MetricAlias],
         now: datetime,
         layer_path: str | None = None,
+        settings: RunSettings | None = None,
     ) -> TriageResponse:
-        """``run`` as :func:`moeproxy.service.metrics.repository.read_binned` reads it."""
+        """``run`` as :func:`moeproxy.service.metrics.repository.read_binned` reads it; ``settings``
+        what the run's config says (a LoRA policy)."""
         from moeproxy.signatures.api import canonicalise, expected_traces, run_signature, triage
 
         library = self.library_for(layer_path)
-        sig = run_signature(canonicalise(run, aliases=aliases, framework=framework), library.params)
+        canonical = canonicalise(run, aliases=aliases, framework=framework, settings=settings or DEFAULT_SETTINGS)
+        sig = run_signature(canonical, library.params)
         result = triage(sig, library, run_id=run_id, now=now)
         candidates = [TriageCandidate(**c.to_dict()) for c in result.candidates]
         details: dict[str, Any] = {
             "change_points": {k: int(v) for k, v in result.change_points.items()},
             "strong_threshold": result.strong_threshold,
             "renamed": dict(sig.run.renamed),
+            # What the run's config made triage assume (a LoRA policy's LR range), and the whole-run
+            # findings with their sources, so a reader sees why a rule did or did not fire.
+            "settings": {"lora": sig.run.settings.lora},
+            "findings": [f.to_dict() for f in result.findings],
             "candidates": {
                 c.fault_class: {
                     "fingerprint_id": c.fingerprint_id,

@@ -23,6 +23,7 @@ from moeproxy.service.triage import repository
 from moeproxy.service.triage.engine import SignatureEngine
 from moeproxy.service.triage.schemas import TriageResponse
 from moeproxy.signatures.canonical import BinnedRun
+from moeproxy.signatures.settings import DEFAULT_SETTINGS, RunSettings, settings_from_config
 from moeproxy.signatures.vocabulary import MetricAlias
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -44,6 +45,8 @@ class EvaluationInput:
     #: The newest library layer a reproduction job wrote for the run's model, read over the base
     #: library (service/loop); None: the base library alone.
     layer_path: str | None = None
+    #: What the run's config says that its metrics cannot (a LoRA policy: its LR range).
+    settings: RunSettings = DEFAULT_SETTINGS
 
 
 def load_input(session: Session, run: Run) -> EvaluationInput:
@@ -55,6 +58,7 @@ def load_input(session: Session, run: Run) -> EvaluationInput:
         run=metrics.read_binned(session, run.id, framework=run.framework, name=run.name),
         aliases=aliases.effective_aliases(session, run.project_id, run.framework),
         layer_path=getattr(layers.newest_layer(session, run.project_id, run.model_uri), "path", None),
+        settings=settings_from_config(run.config),
     )
 
 
@@ -65,7 +69,7 @@ def compute(engine: SignatureEngine, data: EvaluationInput) -> TriageResponse:
         return TriageResponse(run_id=data.run_id, evaluated_at=now, candidates=[], verdict=NO_METRICS_VERDICT)
     return engine.evaluate(
         data.run, run_id=data.run_id, framework=data.framework, aliases=data.aliases, now=now,
-        layer_path=data.layer_path,
+        layer_path=data.layer_path, settings=data.settings,
     )
 
 

@@ -60,6 +60,7 @@ def test_trainer_logs_reach_the_service(sqlite_live_server, tmp_path):
     run = httpx.get(f"{live_server.url}/api/v1/runs/{listed['id']}", headers=headers).json()  # with config
     assert run["name"] == "tiny-llama-sft" and run["framework"] == "trl" and run["status"] == "finished"
     assert run["config"]["training_args"]["learning_rate"] == 1e-3
+    assert "peft" not in run["config"]  # a full model: triage reads its LR against full fine-tuning's
     metrics = httpx.get(f"{live_server.url}/api/v1/runs/{run['id']}/metrics", headers=headers).json()[
         "metrics"
     ]
@@ -72,3 +73,24 @@ def test_trainer_logs_reach_the_service(sqlite_live_server, tmp_path):
     ]
     canonical = {n["name"]: n["canonical"] for n in names}
     assert canonical["loss"] == "pg_loss" and canonical["grad_norm"] == "grad_norm"  # TRL aliases (SPEC 4)
+
+
+def test_a_peft_models_adapters_go_into_the_runs_config():
+    """``PeftModel.peft_config`` maps adapter names to their configs (peft is not installed here:
+    a stand-in with the same attribute layout); the section is what settings_from_config reads."""
+    from moeproxy.signatures.settings import settings_from_config
+
+    from moeproxy.integrations.transformers import _peft_section
+
+    class LoraConfig:
+        peft_type, r, lora_alpha = "LORA", 16, 32
+
+    class PeftModelLike:
+        def __init__(self):
+            self.peft_config = {"default": LoraConfig()}
+
+    section = _peft_section(PeftModelLike())
+    assert section == {"default": {"peft_type": "LORA", "r": 16, "lora_alpha": 32}}
+    assert settings_from_config({"peft": section}).lora
+    assert _peft_section(object()) == {}
+

@@ -46,6 +46,21 @@ def test_triage_rest_body_with_framework_prints_ranking(tmp_path, library_dir):
     assert "1. lr_misconfiguration" in res.stdout and "likely lr_misconfiguration" in res.stdout
 
 
+def test_triage_lora_reads_the_lr_against_loras_range(tmp_path, library_dir):
+    run = synthetic_run("healthy", seed=23, steps=60)
+    steps = run.to_steps()
+    for item in steps:
+        item["values"]["actor/lr"] = 2e-4
+    p = tmp_path / "lora.json"
+    p.write_text(json.dumps({"framework": "verl", "steps": steps}))
+    rules = {}
+    for flag in ([], ["--lora"]):
+        res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--json", "--details", *flag])
+        assert res.exit_code == 0, res.output
+        rules[bool(flag)] = {f["rule"] for f in json.loads(res.stdout)["findings"]}
+    assert "lr_level" in rules[False] and "lr_level" not in rules[True]
+
+
 def test_triage_user_errors_exit_2_without_traceback(tmp_path, library_dir):
     res = runner.invoke(app, ["triage", str(tmp_path / "missing.jsonl"), "--library", str(library_dir)])
     assert res.exit_code == 2 and "no such file" in res.stderr

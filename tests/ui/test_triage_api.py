@@ -159,3 +159,25 @@ def test_concurrent_first_evaluations_of_one_run_all_succeed(fresh_database_url,
             assert per_class and all(n == 1 for _cls, n in per_class)
     finally:
         db.dispose()
+
+
+def test_a_run_whose_config_says_lora_has_its_lr_read_against_loras_range(ui_client, auth):
+    """The same run at learning rate 2e-4, created once plain and once with the PEFT section the
+    TRL callback sends: only the plain one is told its LR is 100x the recipes'."""
+    from ui_helpers import ingest_body
+
+    run = synthetic_run("healthy", steps=80, seed=107)
+    body = ingest_body(run)
+    for step in body["steps"]:
+        step["values"]["actor/lr"] = 2e-4
+    found = {}
+    for name, config in (("full", {}), ("lora", {"peft": {"default": {"peft_type": "LORA", "r": 16}}})):
+        created = ui_client.post("/api/v1/runs", json={"name": f"lr-{name}", "framework": "verl", "config": config},
+                                 headers=auth())
+        assert created.status_code in (200, 201), created.text
+        run_id = created.json()["id"]
+        assert ui_client.post(f"/api/v1/runs/{run_id}/metrics", json=body, headers=auth()).status_code == 200
+        details = ui_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()["details"]
+        found[name] = (details["settings"], {f["rule"] for f in details["findings"]})
+    assert found["full"][0] == {"lora": False} and "lr_level" in found["full"][1]
+    assert found["lora"][0] == {"lora": True} and "lr_level" not in found["lora"][1]

@@ -1,0 +1,72 @@
+"""What a run's configuration says that its metrics cannot.
+
+A run is created with a ``config`` (SPEC section 4: ``POST /runs``; the TRL callback and the verl
+tracker send the trainer's), and one whole-run rule needs a fact only that holds: whether the policy
+trains LoRA adapters. LoRA runs at learning rates 10-128x those of full fine-tuning (see
+``levels.SOURCES["lora-lr"]``), so an LR that is a misconfiguration for the full model is a recipe
+for its adapters. :func:`settings_from_config` reads it from the names the frameworks use; a run
+whose config says nothing is read as full fine-tuning, as before.
+
+Pure: no numpy, no web, no database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    lora: bool = False  # the policy trains low-rank adapters (LoRA/QLoRA), not its own weights
+
+
+#: What a run whose config says nothing is read as: full fine-tuning.
+DEFAULT_SETTINGS = RunSettings()
+
+#: A positive rank under one of these names: verl's ``actor_rollout_ref.model.lora_rank``,
+#: OpenRLHF's ``--lora_rank``, a script's own ``lora_r``.
+LORA_RANK_KEYS = frozenset({"lora_rank", "lora_r"})
+#: A true flag (or a non-empty section) under one of these names: TRL's ``ModelConfig.use_peft``,
+#: scripts' ``use_lora``/``lora``.
+LORA_FLAG_KEYS = frozenset({"use_peft", "use_lora", "lora"})
+#: A non-empty section under one of these names: what the TRL callback sends for a PEFT model
+#: (``peft``), peft's own attribute name (``peft_config``).
+PEFT_SECTION_KEYS = frozenset({"peft", "peft_config"})
+#: Bounds on the walk through a config (at most 256 KiB of JSON, SmallJson): deep or wide enough
+#: for verl's nested Hydra config, small enough to cost nothing.
+MAX_DEPTH = 8
+MAX_NODES = 20_000
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _says_lora(key: str, value: Any) -> bool:
+    k = key.lower()
+    if k in LORA_RANK_KEYS:
+        return _positive(value)
+    section = isinstance(value, Mapping) and bool(value)
+    if k in LORA_FLAG_KEYS:
+        return value is True or section
+    return k in PEFT_SECTION_KEYS and section
+
+
+def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
+    """The settings a run's ``config`` states (any nesting); the defaults where it says nothing."""
+    stack: list[tuple[Any, int]] = [(config, 0)]
+    seen = 0
+    while stack and seen < MAX_NODES:
+        node, depth = stack.pop()
+        seen += 1
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if isinstance(key, str) and _says_lora(key, value):
+                    return RunSettings(lora=True)
+                if depth < MAX_DEPTH:
+                    stack.append((value, depth + 1))
+        elif isinstance(node, Sequence) and not isinstance(node, str | bytes) and depth < MAX_DEPTH:
+            stack.extend((item, depth + 1) for item in node)
+    return DEFAULT_SETTINGS
