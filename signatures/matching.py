@@ -39,7 +39,7 @@ from moeproxy.signatures import dtw
 from moeproxy.signatures.canonical import CanonicalRun, RunMetrics, canonicalise
 from moeproxy.signatures.features import MetricSignature, RunSignature, run_signature
 from moeproxy.signatures.fingerprint import Fingerprint, FingerprintLibrary, MetricExpectation
-from moeproxy.signatures.levels import Finding, whole_run_evidence
+from moeproxy.signatures.levels import MISMATCH_CLASSES, Finding, whole_run_evidence
 from moeproxy.signatures.settings import DEFAULT_SETTINGS, RunSettings
 from moeproxy.signatures.siblings import SiblingNote, sibling_notes
 from moeproxy.signatures.vocabulary import CONTROL_METRICS, DEFAULT_ALIASES, MetricAlias
@@ -91,6 +91,9 @@ class Weights:
     above_twins: bool = True  # a fault fingerprint scores a run only where it scores it above the
     # best of its own healthy twins (Fingerprint.twin_score): a run that looks no more like the fault
     # than a run without it is no evidence for it
+    needs_primary: bool = True  # a class whose defining symptom the run does not log at all
+    # (PRIMARY_EVIDENCE) is held like a flat-only fingerprint: what is left are side effects that
+    # other classes move too
 
 
 #: How much each whole-run rule weighs (in units of one fingerprint-score mass of ``evidence_mass``):
@@ -242,7 +245,8 @@ def triage(run: RunMetrics | CanonicalRun | RunSignature, library: FingerprintLi
     by_class: dict[str, FingerprintScore] = {}
     for fp in library.fingerprints:
         s = score_fingerprint(sig, fp, library, weights)
-        flat_here = fp.flat_only or (weights.flat_in_view and flat_in_view(fp, sig))
+        flat_here = (fp.flat_only or (weights.flat_in_view and flat_in_view(fp, sig))
+                     or (weights.needs_primary and lacks_primary(fp, sig)))
         if (not fp.separable or (flat_here and fp.fault_class not in shown)
                 or (weights.above_twins and fp.twin_score is not None and s.score <= fp.twin_score)):
             # Its own healthy twins match it as well as its fault runs, it expects what any quiet
@@ -287,6 +291,21 @@ def tie_rank(fault_class: str, findings: Iterable[Finding]) -> float:
     run shows of them (a rollout/training difference above verl's 0.01 with no fingerprint seen).
     A class no finding supports comes after those that one does."""
     return min((f.supports.index(fault_class) for f in findings if fault_class in f.supports), default=math.inf)
+
+
+#: The metrics that show a class's defining symptom: a rollout/trainer mismatch is the difference
+#: between the rollout's and the trainer's log-probs, routing or importance ratios (SPEC section 3);
+#: what it does to the reward or the KL to the reference, other classes do as well.
+MISMATCH_EVIDENCE = frozenset({"rollout_train_logp_diff", "rollout_train_logp_diff_max", "rollout_train_logp_diff_std",
+                               "rollout_kl", "importance_ratio", "importance_ratio_min", "importance_ratio_max",
+                               "routing_agreement"})
+PRIMARY_EVIDENCE: dict[str, frozenset[str]] = {c: MISMATCH_EVIDENCE for c in MISMATCH_CLASSES}
+
+
+def lacks_primary(fp: Fingerprint, sig: RunSignature) -> bool:
+    """The run logs none of the metrics that show ``fp``'s class's defining symptom."""
+    need = PRIMARY_EVIDENCE.get(fp.fault_class)
+    return need is not None and not need & sig.metrics.keys()
 
 
 def flat_in_view(fp: Fingerprint, sig: RunSignature) -> bool:
