@@ -250,9 +250,9 @@ def _sync_sawtooth(run: CanonicalRun) -> list[Finding]:
 
 
 #: Chosen: a step whose per-update KL is at least this many times the median of its neighbours is
-#: a spike (two orders of magnitude; the report of SOURCES["ratio-spikes"] saw eight). A small
-#: batch's per-update KL is noisy: campaign v2's healthy runs reach 50-100x their neighbours on a step
-#: or two.
+#: a spike: two orders of magnitude (the ratio of SOURCES["ratio-spikes"] went from ~1 to 5e8). A
+#: small batch's per-update KL is noisy: campaign v2's healthy runs reach 50-100x their neighbours on
+#: a step or two.
 SPIKE_FACTOR = 100.0
 SPIKE_NEIGHBOURS = 5  # steps each side whose median is a step's baseline
 #: Chosen: spikes a run needs; one or two can be one bad batch, and a learning rate far too high
@@ -263,21 +263,21 @@ SPIKE_METRICS = ("ppo_kl",)  # the KL between the updated and the rollout-time p
 
 def neighbour_median(v: np.ndarray, k: int = SPIKE_NEIGHBOURS) -> np.ndarray:
     """For each point, the median of up to ``k`` points on each side of it (itself left out)."""
-    if v.size == 0:
-        return np.zeros(0)
+    if v.size < 2:
+        return np.full(v.size, np.nan)
     padded = np.concatenate([np.full(k, np.nan), v.astype(float), np.full(k, np.nan)])
     windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * k + 1).copy()
     windows[:, k] = np.nan
-    with np.errstate(all="ignore"):
-        return np.nanmedian(windows, axis=1) if v.size > 1 else np.full(1, np.nan)
+    return np.nanmedian(windows, axis=1)
 
 
-def spike_steps(v: np.ndarray) -> np.ndarray:
-    """Indices where ``|v|`` is at least :data:`SPIKE_FACTOR` times its neighbours' median (a
-    neighbourhood whose median is 0 or missing judges nothing: a run that stopped updating)."""
+def spike_ratios(v: np.ndarray) -> np.ndarray:
+    """``|v|`` over its neighbours' median, NaN where that median is 0 (a run that stopped updating
+    logs 0 around its last blips: nothing to compare with)."""
     a = np.abs(v)
     base = neighbour_median(a)
-    return np.flatnonzero((base > 0) & (a >= SPIKE_FACTOR * np.where(base > 0, base, np.inf)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(base > 0, a / np.where(base > 0, base, 1.0), np.nan)
 
 
 @rule("ratio_spikes")
@@ -290,17 +290,16 @@ def _ratio_spikes(run: CanonicalRun) -> list[Finding]:
         if got is None:
             continue
         s, v = got
-        spikes = spike_steps(v)
+        ratios = spike_ratios(v)
+        spikes = np.flatnonzero(ratios >= SPIKE_FACTOR)
         if spikes.size < SPIKE_MIN:
             continue
-        kept = np.flatnonzero(s.observed & ~s.nonfinite)
-        first = int(run.steps[kept[spikes[0]]])
-        peak = float(np.max(np.abs(v[spikes]) / neighbour_median(np.abs(v))[spikes]))
+        first = int(run.steps[np.flatnonzero(s.observed & ~s.nonfinite)[spikes[0]]])
         return [Finding("ratio_spikes", metric, s.source, float(spikes.size), SPIKE_MIN, ("operator_numeric_noise",),
                         f"{s.source} spikes to {SPIKE_FACTOR:.0f}x or more its neighbouring steps on {spikes.size} "
-                        f"steps (first at step {first}, up to {peak:.3g}x) and falls straight back: the new and "
-                        "old log-probs of one batch disagree by orders of magnitude now and then, a numerically "
-                        "inconsistent forward pass", "ratio-spikes")]
+                        f"steps (first at step {first}, up to {float(np.max(ratios[spikes])):.3g}x) and falls "
+                        "straight back: the new and old log-probs of one batch disagree by orders of magnitude "
+                        "now and then, a numerically inconsistent forward pass", "ratio-spikes")]
     return []
 
 
