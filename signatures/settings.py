@@ -54,6 +54,12 @@ def _says_lora(key: str, value: Any) -> bool:
     return k in PEFT_SECTION_KEYS and section
 
 
+def _switched_off(node: Mapping[str, Any]) -> bool:
+    """A section that turns PEFT off explicitly: TRL's ``ModelConfig`` dumped whole holds
+    ``use_peft: False`` beside its default ``lora_r: 16``."""
+    return any(isinstance(k, str) and k.lower() in LORA_FLAG_KEYS and v is False for k, v in node.items())
+
+
 def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
     """The settings a run's ``config`` states (any nesting); the defaults where it says nothing."""
     stack: list[tuple[Any, int]] = [(config, 0)]
@@ -62,8 +68,9 @@ def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
         node, depth = stack.pop()
         seen += 1
         if isinstance(node, Mapping):
+            off = _switched_off(node)
             for key, value in node.items():
-                if isinstance(key, str) and _says_lora(key, value):
+                if not off and isinstance(key, str) and _says_lora(key, value):
                     return RunSettings(lora=True)
                 if depth < MAX_DEPTH:
                     stack.append((value, depth + 1))

@@ -29,6 +29,8 @@ def test_a_lora_policy_is_read_from_the_frameworks_own_names(config):
 @pytest.mark.parametrize("config", [
     None, {}, {"actor_rollout_ref": {"model": {"lora_rank": 0}}},  # verl's default: full fine-tuning
     {"model_args": {"use_peft": False}, "training_args": {"learning_rate": 1e-6}},
+    # TRL's ModelConfig dumped whole: PEFT off beside its default rank.
+    {"model_args": {"use_peft": False, "lora_r": 16, "lora_alpha": 32}},
 ])
 def test_full_fine_tuning_unless_the_config_says_otherwise(config):
     assert settings_from_config(config) == DEFAULT_SETTINGS
