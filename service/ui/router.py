@@ -25,6 +25,7 @@ from moeproxy.service.triage.live import get_engine
 from moeproxy.service.triage.service import evaluate_run
 from moeproxy.service.ui import auth, plots, queries
 from moeproxy.service.ui.reproduction import reproduction_overlay
+from moeproxy.signatures.levels import SOURCES
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -97,6 +98,7 @@ def _ago(value: datetime | None) -> str:
 templates.env.filters["time"] = _fmt_time
 templates.env.filters["ago"] = _ago
 templates.env.globals["FAMILIES"] = FAMILIES
+templates.env.globals["SOURCES"] = SOURCES  # each whole-run finding's source, in the page's tooltip
 
 
 @router.get("/static/{name}")

@@ -181,3 +181,27 @@ def test_a_run_whose_config_says_lora_has_its_lr_read_against_loras_range(ui_cli
         found[name] = (details["settings"], {f["rule"] for f in details["findings"]})
     assert found["full"][0] == {"lora": False} and "lr_level" in found["full"][1]
     assert found["lora"][0] == {"lora": True} and "lr_level" not in found["lora"][1]
+
+
+def test_the_run_page_lists_the_whole_run_findings_and_a_lora_setting(ui_client, auth):
+    """A run created with the PEFT section and an LR of 5e-2 (over even LoRA's range): the page says
+    it was read as LoRA and lists the LR finding with its source; a plain run says no LoRA."""
+    import html
+
+    from ui_helpers import ingest_body
+
+    body = ingest_body(synthetic_run("healthy", steps=80, seed=108))
+    for step in body["steps"]:
+        step["values"]["actor/lr"] = 5e-2
+    pages = {}
+    for name, config in (("plain", {}), ("lora", {"peft": {"default": {"peft_type": "LORA", "r": 16}}})):
+        run_id = ui_client.post("/api/v1/runs", json={"name": f"page-{name}", "framework": "verl", "config": config},
+                                headers=auth()).json()["id"]
+        assert ui_client.post(f"/api/v1/runs/{run_id}/metrics", json=body, headers=auth()).status_code == 200
+        assert ui_client.post(f"/api/v1/runs/{run_id}/triage", headers=auth()).status_code == 200
+        pages[name] = html.unescape(ui_client.get(f"/runs/{run_id}").text)
+    for page in pages.values():
+        assert 'id="findings"' in page and 'data-rule="lr_level"' in page
+        assert 'href="/faults#lr_misconfiguration"' in page
+    assert "(source: lora-lr)" in pages["lora"] and 'id="settings-lora"' in pages["lora"]
+    assert "(source: rl-lr)" in pages["plain"] and 'id="settings-lora"' not in pages["plain"]
