@@ -217,8 +217,13 @@ class CanonicalSeries:
         return int(idx[0]) if idx.size else None
 
     @property
+    def finite(self) -> np.ndarray:
+        """Where a finite value was logged (the points the whole-run rules read)."""
+        return self.observed & ~self.nonfinite
+
+    @property
     def finite_count(self) -> int:
-        return int((self.observed & ~self.nonfinite).sum())
+        return int(self.finite.sum())
 
 
 @dataclass(frozen=True)

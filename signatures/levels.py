@@ -110,7 +110,12 @@ def whole_run_evidence(run: CanonicalRun, *, rules: Sequence[str] | None = None)
 
 
 def _finite(series: CanonicalSeries) -> np.ndarray:
-    return series.values[series.observed & ~series.nonfinite]
+    return series.values[series.finite]
+
+
+def _finite_step(run: CanonicalRun, series: CanonicalSeries, i: int) -> int:
+    """The step of ``series``'s ``i``-th finite logged value (an index into :func:`_finite`'s array)."""
+    return int(run.steps[np.flatnonzero(series.finite)[i]])
 
 
 def _values(run: CanonicalRun, metric: str, min_points: int) -> tuple[CanonicalSeries, np.ndarray] | None:
@@ -233,7 +238,7 @@ def _sync_sawtooth(run: CanonicalRun) -> list[Finding]:
         s = run.metrics.get(metric)
         if s is None:
             continue
-        kept = np.flatnonzero(s.observed & ~s.nonfinite)
+        kept = np.flatnonzero(s.finite)
         found = sync_period(s.values[kept])
         if found is None:
             continue
@@ -294,7 +299,7 @@ def _ratio_spikes(run: CanonicalRun) -> list[Finding]:
         spikes = np.flatnonzero(ratios >= SPIKE_FACTOR)
         if spikes.size < SPIKE_MIN:
             continue
-        first = int(run.steps[np.flatnonzero(s.observed & ~s.nonfinite)[spikes[0]]])
+        first = _finite_step(run, s, int(spikes[0]))
         return [Finding("ratio_spikes", metric, s.source, float(spikes.size), SPIKE_MIN, ("operator_numeric_noise",),
                         f"{s.source} spikes to {SPIKE_FACTOR:.0f}x or more its neighbouring steps on {spikes.size} "
                         f"steps (first at step {first}, up to {float(np.max(ratios[spikes])):.3g}x) and falls "
@@ -320,7 +325,7 @@ def _grad_norm_zero(run: CanonicalRun) -> list[Finding]:
     s = run.metrics.get("grad_norm")
     if s is None:
         return []
-    zero = (s.values == 0.0) & s.observed & ~s.nonfinite
+    zero = (s.values == 0.0) & s.finite
     longest = _longest_true(zero)
     if longest < ZERO_GRAD_RUN:
         return []
@@ -328,13 +333,12 @@ def _grad_norm_zero(run: CanonicalRun) -> list[Finding]:
     if tied is not None and not np.any(zero & ~(tied.observed & (tied.values >= ALL_GROUPS_TIED))):
         return []  # every zero gradient fell on a step whose groups all tied: no signal, not no update
     start = int(np.argmax(zero))
-    logged = s.observed[start:]
-    if zero[start:].sum() < ZERO_GRAD_PERSISTS * logged.sum():
+    zeros, logged = int(zero[start:].sum()), int(s.observed[start:].sum())
+    if zeros < ZERO_GRAD_PERSISTS * logged:
         return []
-    first = int(run.steps[start])
     return [Finding("grad_norm_zero", "grad_norm", s.source, float(longest), ZERO_GRAD_RUN,
                     ("actor_update_omission",), f"{s.source} exactly 0 for {longest} steps in a row (first at "
-                    f"step {first}) and on {zero[start:].sum()} of the {logged.sum()} logged steps since: no "
+                    f"step {int(run.steps[start])}) and on {zeros} of the {logged} logged steps since: no "
                     "update reached the policy", "no-gradient")]
 
 
@@ -557,7 +561,7 @@ def _reward_stuck(run: CanonicalRun) -> list[Finding]:
         return []
     if _kl_runaway(run) or _entropy_extreme(run) or _nonfinite(run):
         return []
-    step = int(run.steps[np.flatnonzero(s.observed & ~s.nonfinite)[start]])
+    step = _finite_step(run, s, start)
     return [Finding("reward_stuck", "reward_mean", s.source, float(stuck), REWARD_STUCK_STEPS, ("reward_fault",),
                     f"{s.source} holds {last:.4g} exactly from step {step} to the end ({stuck} steps, below the "
                     f"{float(v[:start].max()):.4g} it reached before) while KL and entropy stay in range: every "
