@@ -53,6 +53,14 @@ def insert_global_aliases(aliases) -> None:
         op.bulk_insert(_aliases, list(unique.values()))
 
 
+def delete_global_aliases(aliases) -> None:
+    """Delete the global aliases of these (framework, name, canonical) entries: a later revision's
+    downgrade (0002's own removes every global alias)."""
+    for framework, name, _ in aliases:
+        op.execute(_aliases.delete().where(_aliases.c.project_id.is_(None), _aliases.c.framework == framework,
+                                           _aliases.c.name == name))
+
+
 #: (framework, name, canonical) of ``moeproxy.signatures.vocabulary.DEFAULT_ALIASES`` on 2026-12-02.
 ALIASES_0002: tuple[tuple[str, str, str], ...] = (
     ('verl', 'critic/score/mean', 'reward_mean'),

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import importlib
 
-from alembic import op
-
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
@@ -44,7 +42,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    aliases = _seed._aliases
-    for framework, name, _ in ALIASES_0006:
-        op.execute(aliases.delete().where(aliases.c.project_id.is_(None), aliases.c.framework == framework,
-                                          aliases.c.name == name))
+    _seed.delete_global_aliases(ALIASES_0006)

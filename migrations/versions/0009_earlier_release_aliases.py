@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import importlib
 
-from alembic import op
-
 revision = "0009"
 down_revision = "0008"
 branch_labels = None
@@ -37,7 +35,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    aliases = _seed._aliases
-    for framework, name, _ in ALIASES_0009:
-        op.execute(aliases.delete().where(aliases.c.project_id.is_(None), aliases.c.framework == framework,
-                                          aliases.c.name == name))
+    _seed.delete_global_aliases(ALIASES_0009)
