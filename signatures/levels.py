@@ -44,6 +44,10 @@ SOURCES: dict[str, str] = {
                "(Thinking Machines, 'LoRA Without Regret', 2025, and tinker_cookbook.hyperparam_utils."
                "get_lora_lr_over_full_finetune_lr: 32 for Llama-3.2-1B, 128 for Llama-3.1-70B); the rl-lr "
                "range scaled by 128",
+    "kl-penalty": "the KL term penalises the policy's distance from its reference: TRL's GRPO loss adds beta * KL "
+                  "(GRPOConfig.beta, 'KL coefficient'), verl adds kl_loss_coef * KL to the actor loss "
+                  "(or subtracts kl_coef * KL from the reward), OpenRLHF init_kl_coef; a coefficient below 0 "
+                  "rewards moving away from the reference (SPEC section 3, kl_misconfiguration: a sign flip)",
     "healthy-dynamics": "SPEC section 3, healthy: reward rising, entropy falling, KL to the reference growing slowly",
     "grpo-advantage": "GRPO's advantage is the reward minus its group's mean (DeepSeekMath, arXiv:2402.03300, "
                       "section 4.1): a group whose rewards all tie has advantage 0 and no gradient; TRL logs the "
@@ -57,6 +61,10 @@ SOURCES: dict[str, str] = {
                    "up to N-1 updates old (SPEC section 3, stale_weight_sync): its discrepancy to the trainer is "
                    "at its floor right after each sync and grows until the next; the growth between weight "
                    "updates is reported in vllm-project/vime issue 64 (train_rollout_logprob_abs_diff)",
+    "r3-routing": "Ma et al., 'Stabilizing MoE Reinforcement Learning by Aligning Training and Inference Routers' "
+                  "(arXiv:2510.11370, section 3): without routing replay about 10% of the router decisions of "
+                  "Qwen3-30B-A3B choose different experts in the inference engine than in training, the "
+                  "discrepancy the paper ties to MoE RL collapse; with the rollout's routing replayed they agree",
     "ratio-spikes": "on the first update of a batch the new/old log-prob ratio is 1 by definition (the same weights "
                     "score the same tokens; huggingface/trl issue 454): OpenRLHF issue 931 reports it at 1.002 or "
                     "0.997 on-policy but now and then at 5e8, with the KL loss spiking at random steps, from "
@@ -174,12 +182,50 @@ def _importance_ratio(run: CanonicalRun) -> list[Finding]:
                     f"{RATIO_TOLERANCE} from 1: rollout and trainer policies differ", "ratio-definition")]
 
 
+#: R3's measurement: ~10% of router decisions differ between inference and training without
+#: routing replay, so an agreement at or below 0.9 is at least the mismatch it reports.
+ROUTING_AGREEMENT_PROBLEM = 0.9
+#: Chosen: how far the agreement may still fall between the first and the last fifth of the stretch
+#: below :data:`ROUTING_AGREEMENT_PROBLEM` for it to be a level. A rollout copy that falls behind
+#: the trainer (a stale sync) lowers the agreement step after step (campaign v2's skipped syncs:
+#: 0.99 to 0.76); a rollout that routes differently drops it at once and holds it.
+ROUTING_HELD = 0.05
+
+
+@rule("routing_agreement_level")
+def _routing_agreement(run: CanonicalRun) -> list[Finding]:
+    """The rollout and the trainer choose different experts for more tokens than R3 measured
+    without routing replay, at a level that holds rather than drifting down with training."""
+    got = _values(run, "routing_agreement", 10)
+    if got is None:
+        return []
+    s, v = got
+    low = np.flatnonzero(v <= ROUTING_AGREEMENT_PROBLEM)
+    if low.size < 5:
+        return []
+    after = v[low[0]:]
+    level = float(np.median(after))
+    k = max(2, after.size // 5)
+    fall = float(np.median(after[:k]) - np.median(after[-k:]))
+    if level > ROUTING_AGREEMENT_PROBLEM or fall > ROUTING_HELD:
+        return []
+    return [Finding("routing_agreement_level", "routing_agreement", s.source, level, ROUTING_AGREEMENT_PROBLEM,
+                    ("routing_mismatch",),
+                    f"{s.source} median {level:.3g} from step {_finite_step(run, s, int(low[0]))} on, and it holds "
+                    f"there: rollout and trainer choose different experts for more tokens than the ~10% that R3 "
+                    f"measured without routing replay", "r3-routing")]
+
+
 #: Rollout/trainer discrepancy metrics a stale rollout lifts: each falls back to its floor right
-#: after a weight sync (a k1 estimate of rollout_kl is signed step to step and may show no floor).
+#: after a weight sync (read by their size: a k1 estimate of rollout_kl is signed step to step).
 SYNC_METRICS = ("rollout_train_logp_diff", "rollout_train_logp_diff_max", "rollout_kl")
 SYNC_PERIODS = range(3, 33)  # steps between syncs that the rule looks for
 SYNC_MIN_RESETS = 5  # returns to the floor on one phase of the period: fewer could be chance
-SYNC_ALIGNED = 0.8  # share of the returns on that phase, and of the syncs the period predicts
+SYNC_ALIGNED = 0.8  # share of the syncs the period predicts that are returns to the floor
+#: Chosen: share of all the returns that fall on that phase. Lower than :data:`SYNC_ALIGNED`: a
+#: signed estimate read by its size (OpenRLHF's k1 ``vllm_kl``) passes near 0 by chance between
+#: syncs too, and each such pass is a return off the phase.
+SYNC_ON_PHASE = 0.7
 SYNC_FLOOR_QUANTILE = 0.05  # the floor: the run's 5th percentile
 SYNC_TOP_QUANTILE = 0.9  # the top of the saw-tooth: the run's 90th percentile
 SYNC_FLOOR_BAND = 0.1  # "at the floor": within this share of the floor-to-top range above it
@@ -213,7 +259,7 @@ class SyncPeriod:
 
 def sync_period(v: np.ndarray) -> SyncPeriod | None:
     """The period of a saw-tooth in ``v``: its returns to the floor fall on one phase of a period
-    (at least :data:`SYNC_ALIGNED` of them) and on most of the syncs that period predicts between
+    (at least :data:`SYNC_ON_PHASE` of them) and on most of the syncs that period predicts between
     the first and the last; the period with the most such returns, or None."""
     returns = floor_returns(v)
     if returns.size < SYNC_MIN_RESETS:
@@ -224,7 +270,7 @@ def sync_period(v: np.ndarray) -> SyncPeriod | None:
         counts = np.bincount(phase, minlength=period)
         on = returns[phase == int(np.argmax(counts))]
         predicted = (int(on[-1]) - int(on[0])) // period + 1
-        if (on.size >= SYNC_MIN_RESETS and on.size >= SYNC_ALIGNED * returns.size
+        if (on.size >= SYNC_MIN_RESETS and on.size >= SYNC_ON_PHASE * returns.size
                 and on.size >= SYNC_ALIGNED * predicted and (best is None or on.size > best.returns)):
             best = SyncPeriod(period, int(on.size), int(on[0]))
     return best
@@ -239,7 +285,9 @@ def _sync_sawtooth(run: CanonicalRun) -> list[Finding]:
         if s is None:
             continue
         kept = np.flatnonzero(s.finite)
-        found = sync_period(s.values[kept])
+        # By its size: OpenRLHF's vllm_kl is a k1 estimate, mean(rollout - old log-prob), whose sign
+        # changes from step to step; its floor is 0, where a fresh sync puts it.
+        found = sync_period(np.abs(s.values[kept]))
         if found is None:
             continue
         first = int(run.steps[kept[found.first]])
@@ -466,6 +514,26 @@ def _lr_level(run: CanonicalRun) -> list[Finding]:
                if lora else "the 1e-6 of the public RL recipes")
     return [Finding("lr_level", "lr", s.source, peak, bar, ("lr_misconfiguration",),
                     f"{s.source} peaks at {peak:.3g}, over 100x {recipes}", "lora-lr" if lora else "rl-lr")]
+
+
+@rule("kl_coef_negative")
+def _kl_coef_negative(run: CanonicalRun) -> list[Finding]:
+    """A negative KL-to-reference coefficient, logged (at any step: no schedule takes it below 0)
+    or stated by the run's config: the KL term pushes the policy away from its reference instead
+    of holding it near."""
+    got = _values(run, "actor/kl_coef", 1)
+    if got is not None and (neg := np.flatnonzero(got[1] < 0)).size:
+        s, v = got
+        coef = float(v[neg[0]])
+        where = f"{s.source} logs from step {_finite_step(run, s, int(neg[0]))}"
+        name = s.source
+    elif run.settings.kl_coef is not None and run.settings.kl_coef < 0:
+        coef, where, name = run.settings.kl_coef, "the run's config states", "config"
+    else:
+        return []
+    return [Finding("kl_coef_negative", "actor/kl_coef", name, coef, 0.0, ("kl_misconfiguration",),
+                    f"{where} a KL coefficient of {coef:.3g}: below 0 the KL term rewards the policy for leaving "
+                    "its reference instead of holding it near", "kl-penalty")]
 
 
 # --- trends against a healthy run ----------------------------------------------------------------

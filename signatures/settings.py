@@ -1,11 +1,17 @@
 """What a run's configuration says that its metrics cannot.
 
 A run is created with a ``config`` (SPEC section 4: ``POST /runs``; the TRL callback and the verl
-tracker send the trainer's), and one whole-run rule needs a fact only that holds: whether the policy
-trains LoRA adapters. LoRA runs at learning rates 10-128x those of full fine-tuning (see
-``levels.SOURCES["lora-lr"]``), so an LR that is a misconfiguration for the full model is a recipe
-for its adapters. :func:`settings_from_config` reads it from the names the frameworks use; a run
-whose config says nothing is read as full fine-tuning, as before.
+tracker send the trainer's), and two whole-run rules need facts only that holds:
+
+* whether the policy trains LoRA adapters. LoRA runs at learning rates 10-128x those of full
+  fine-tuning (see ``levels.SOURCES["lora-lr"]``), so an LR that is a misconfiguration for the full
+  model is a recipe for its adapters;
+* the coefficient of the KL-to-reference term. A negative one rewards the policy for leaving its
+  reference (``levels.SOURCES["kl-penalty"]``), and at a small coefficient the metrics of the first
+  hundreds of steps look like a healthy run's: the config is the only place it shows.
+
+:func:`settings_from_config` reads them from the names the frameworks use; a run whose config says
+nothing is read as full fine-tuning with no stated coefficient, as before.
 
 Pure: no numpy, no web, no database.
 """
@@ -20,6 +26,7 @@ from typing import Any
 @dataclass(frozen=True)
 class RunSettings:
     lora: bool = False  # the policy trains low-rank adapters (LoRA/QLoRA), not its own weights
+    kl_coef: float | None = None  # the KL-to-reference coefficient the config states (None: none)
 
 
 #: What a run whose config says nothing is read as: full fine-tuning.
@@ -34,14 +41,22 @@ LORA_FLAG_KEYS = frozenset({"use_peft", "use_lora", "lora"})
 #: A non-empty section under one of these names: what the TRL callback sends for a PEFT model
 #: (``peft``), peft's own attribute name (``peft_config``).
 PEFT_SECTION_KEYS = frozenset({"peft", "peft_config"})
+#: The KL-to-reference coefficient: TRL's ``GRPOConfig.beta`` (the TRL callback sends it under
+#: ``training_args``), verl's ``actor_rollout_ref.actor.kl_loss_coef`` and
+#: ``algorithm.kl_ctrl.kl_coef``, OpenRLHF's ``--init_kl_coef``.
+KL_COEF_KEYS = frozenset({"beta", "kl_loss_coef", "kl_coef", "init_kl_coef"})
 #: Bounds on the walk through a config (at most 256 KiB of JSON, SmallJson): deep or wide enough
 #: for verl's nested Hydra config, small enough to cost nothing.
 MAX_DEPTH = 8
 MAX_NODES = 20_000
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _positive(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    return (n := _number(value)) is not None and n > 0
 
 
 def _says_lora(key: str, value: Any) -> bool:
@@ -61,19 +76,26 @@ def _switched_off(node: Mapping[str, Any]) -> bool:
 
 
 def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
-    """The settings a run's ``config`` states (any nesting); the defaults where it says nothing."""
+    """The settings a run's ``config`` states (any nesting); the defaults where it says nothing.
+    Where it names several KL coefficients (verl's loss term and its reward penalty), the lowest
+    is kept: a negative one is the misconfiguration whichever term it sits in."""
     stack: list[tuple[Any, int]] = [(config, 0)]
     seen = 0
+    lora = False
+    kl_coefs: list[float] = []
     while stack and seen < MAX_NODES:
         node, depth = stack.pop()
         seen += 1
         if isinstance(node, Mapping):
             off = _switched_off(node)
             for key, value in node.items():
-                if not off and isinstance(key, str) and _says_lora(key, value):
-                    return RunSettings(lora=True)
+                if not isinstance(key, str):
+                    continue
+                lora = lora or (not off and _says_lora(key, value))
+                if key.lower() in KL_COEF_KEYS and (coef := _number(value)) is not None:
+                    kl_coefs.append(coef)
                 if depth < MAX_DEPTH:
                     stack.append((value, depth + 1))
         elif isinstance(node, Sequence) and not isinstance(node, str | bytes) and depth < MAX_DEPTH:
             stack.extend((item, depth + 1) for item in node)
-    return DEFAULT_SETTINGS
+    return RunSettings(lora=lora, kl_coef=min(kl_coefs) if kl_coefs else None)

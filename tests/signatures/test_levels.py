@@ -311,3 +311,64 @@ def test_the_shipped_library_names_kernel_noise_on_a_learning_run_whose_per_upda
     assert tops[0][0].fault_class == "healthy"
     assert tops[8][0].fault_class == "operator_numeric_noise"
     assert any("on 8 steps" in line for line in tops[8][0].evidence)
+
+
+def test_a_signed_k1_discrepancy_is_read_by_its_size():
+    """OpenRLHF's vllm_kl is mean(rollout - old log-prob): its sign changes from step to step, so
+    the saw-tooth's floor is 0 (a fresh sync), not its most negative values."""
+    rng = np.random.default_rng(5)
+    signed = _sawtooth(6, 0, floor=1e-4, amplitude=0.004) * rng.choice([-1.0, 1.0], N)
+    run = _run({"train/reward": 0.3 + 0.3 * np.arange(N) / N, "train/vllm_kl": signed}, "openrlhf")
+    [finding] = [f for f in whole_run_evidence(run) if f.rule == "sync_sawtooth"]
+    assert finding.value == 6 and finding.supports == ("stale_weight_sync",)
+
+
+def _agreement(level: np.ndarray, seed: int = 0) -> set[str]:
+    rng = np.random.default_rng(seed)
+    t = np.arange(N)
+    return _rules({"critic/score/mean": 0.3 + 0.3 * t / N, "moe/routing_agreement": level + rng.normal(0, 0.004, N)},
+                  "verl")
+
+
+def test_a_routing_agreement_held_below_r3s_level_is_a_routing_mismatch():
+    from moeproxy.signatures.levels import ROUTING_AGREEMENT_PROBLEM
+
+    t = np.arange(N)
+    assert "routing_agreement_level" in _agreement(np.full(N, 0.7))  # from step 0
+    assert "routing_agreement_level" in _agreement(np.where(t >= 80, 0.8, 1.0))  # a late drop that holds
+    run = _run({"critic/score/mean": 0.3 + 0.3 * t / N, "moe/routing_agreement": np.where(t >= 80, 0.8, 1.0)}, "verl")
+    [finding] = [f for f in whole_run_evidence(run) if f.rule == "routing_agreement_level"]
+    assert finding.supports == ("routing_mismatch",) and finding.source == "r3-routing"
+    assert finding.threshold == ROUTING_AGREEMENT_PROBLEM and "from step 81" in finding.text
+
+
+@pytest.mark.parametrize("name", ["same-engine", "kernel-error", "stale-copy"])
+def test_an_agreement_near_1_or_one_that_falls_step_after_step_is_no_routing_mismatch(name):
+    t = np.arange(N)
+    level = {"same-engine": np.ones(N),
+             "kernel-error": np.full(N, 0.95),  # campaign v2's attention-kernel fault: 0.93-0.98
+             # a rollout copy that stops being synced drifts away as the trainer moves (0.99 -> 0.76)
+             "stale-copy": 0.99 - 0.23 * t / (N - 1)}[name]
+    assert "routing_agreement_level" not in _agreement(level)
+
+
+def test_a_negative_kl_coefficient_in_the_config_or_the_log_is_a_kl_misconfiguration():
+    from moeproxy.signatures.settings import RunSettings
+
+    t = np.arange(N)
+    cols = _healthy_trl()
+    run = RunMetrics.from_steps([{"step": k + 1, "values": {m: float(v[k]) for m, v in cols.items()}}
+                                 for k in range(N)], framework="trl")
+    [finding] = [f for f in whole_run_evidence(canonicalise(run, settings=RunSettings(kl_coef=-0.04)))
+                 if f.rule == "kl_coef_negative"]
+    assert finding.supports == ("kl_misconfiguration",) and finding.value == -0.04 and finding.source == "kl-penalty"
+    assert "config" in finding.text
+    for coef in (None, 0.0, 0.04):
+        assert "kl_coef_negative" not in {f.rule for f in whole_run_evidence(canonicalise(run, settings=RunSettings(
+            kl_coef=coef)))}
+    # verl logs the coefficient as actor/kl_coef: a sign flip at step 120 is no schedule either.
+    logged = _rules({"critic/score/mean": 0.3 + 0.3 * t / N, "actor/kl_coef": np.where(t >= 120, -0.001, 0.001)},
+                    "verl")
+    assert "kl_coef_negative" in logged
+    assert "kl_coef_negative" not in _rules({"critic/score/mean": 0.3 + 0.3 * t / N, "actor/kl_coef": np.full(N, 0.001)},
+                                            "verl")

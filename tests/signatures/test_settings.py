@@ -79,3 +79,17 @@ def test_a_real_lora_run_at_2e_4_is_no_lr_misconfiguration_once_its_config_says_
     assert "lr_level" in {f.rule for f in as_full.findings}
     assert "lr_level" not in {f.rule for f in as_lora.findings}
     assert as_lora.candidates[0].fault_class != "lr_misconfiguration"
+
+
+@pytest.mark.parametrize(("config", "coef"), [
+    ({"training_args": {"beta": -0.04, "learning_rate": 1e-6}}, -0.04),  # what the TRL callback sends
+    ({"actor_rollout_ref": {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.001}},
+      "algorithm": {"kl_ctrl": {"kl_coef": -0.001}}}, -0.001),  # verl: the lower of its two terms
+    ({"args": {"init_kl_coef": 0.01}}, 0.01),  # OpenRLHF
+    ({"training_args": {"beta": True}}, None),  # a flag is no coefficient
+    ({"optim": {"betas": [0.9, 0.999]}}, None),  # Adam's betas are not the KL's
+    ({}, None),
+])
+def test_the_kl_coefficient_is_read_from_the_frameworks_own_names(config, coef):
+    settings = settings_from_config(config)
+    assert settings.kl_coef == coef and settings.lora is False

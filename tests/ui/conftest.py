@@ -67,6 +67,21 @@ def ui_client(ui_app):
 
 
 @pytest.fixture
+def shipped_client(database):
+    """A client logged in to a service that triages with the shipped library (every fault class;
+    ``fingerprint_library`` has six)."""
+    from fastapi.testclient import TestClient
+    from moeproxy.service.app import create_app
+
+    from moeproxy.config import Settings
+
+    app = create_app(Settings(database_url="sqlite://", fingerprints=None, ui_token=OPERATOR_TOKEN), database=database)
+    with TestClient(app) as c:
+        assert c.post("/login", data={"token": OPERATOR_TOKEN}, follow_redirects=False).status_code == 303
+        yield c
+
+
+@pytest.fixture
 def post_run(ui_client, auth):
     """``post_run(run_metrics, name, project=...) -> run id``: create the run and ingest its steps."""
 

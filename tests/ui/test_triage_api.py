@@ -179,8 +179,8 @@ def test_a_run_whose_config_says_lora_has_its_lr_read_against_loras_range(ui_cli
         assert ui_client.post(f"/api/v1/runs/{run_id}/metrics", json=body, headers=auth()).status_code == 200
         details = ui_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()["details"]
         found[name] = (details["settings"], {f["rule"] for f in details["findings"]})
-    assert found["full"][0] == {"lora": False} and "lr_level" in found["full"][1]
-    assert found["lora"][0] == {"lora": True} and "lr_level" not in found["lora"][1]
+    assert found["full"][0] == {"lora": False, "kl_coef": None} and "lr_level" in found["full"][1]
+    assert found["lora"][0] == {"lora": True, "kl_coef": None} and "lr_level" not in found["lora"][1]
 
 
 def test_the_run_page_lists_the_whole_run_findings_and_a_lora_setting(ui_client, auth):
@@ -205,3 +205,35 @@ def test_the_run_page_lists_the_whole_run_findings_and_a_lora_setting(ui_client,
         assert 'href="/faults#lr_misconfiguration"' in page
     assert "(source: lora-lr)" in pages["lora"] and 'id="settings-lora"' in pages["lora"]
     assert "(source: rl-lr)" in pages["plain"] and 'id="settings-lora"' not in pages["plain"]
+
+
+def test_a_trl_run_whose_config_has_a_negative_beta_is_named_a_kl_misconfiguration(shipped_client, auth):
+    """The real TRL run with beta negated logs what its healthy twin logs; created with the
+    training_args the TRL callback sends, triage names kl_misconfiguration from the config alone and
+    the page shows the coefficient. The same trace with beta 0.04 keeps nothing against healthy."""
+    import html
+    import json
+    from pathlib import Path
+
+    body = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "trl_runs"
+                       / "negative_beta.json").read_text())
+    got = {}
+    for name, beta in (("negated", -0.04), ("plain", 0.04)):
+        created = shipped_client.post("/api/v1/runs", json={"name": f"beta-{name}", "framework": "trl",
+                                                       "config": {"training_args": {"beta": beta}}}, headers=auth())
+        assert created.status_code in (200, 201), created.text
+        run_id = created.json()["id"]
+        assert shipped_client.post(f"/api/v1/runs/{run_id}/metrics", json={"steps": body["steps"]},
+                              headers=auth()).status_code == 200
+        triaged = shipped_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()
+        page = html.unescape(shipped_client.get(f"/runs/{run_id}").text)
+        got[name] = (triaged, page)
+    negated, page = got["negated"]
+    assert negated["details"]["settings"]["kl_coef"] == -0.04
+    assert negated["candidates"][0]["fault_class"] == "kl_misconfiguration"
+    assert "kl_coef_negative" in {f["rule"] for f in negated["details"]["findings"]}
+    assert 'id="settings-kl-coef"' in page and 'data-rule="kl_coef_negative"' in page and "(source: kl-penalty)" in page
+    plain, page = got["plain"]
+    assert plain["details"]["settings"]["kl_coef"] == 0.04
+    assert "kl_coef_negative" not in {f["rule"] for f in plain["details"]["findings"]}
+    assert plain["candidates"][0]["fault_class"] != "kl_misconfiguration" and "below 0" not in page
