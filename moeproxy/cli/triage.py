@@ -116,6 +116,10 @@ def triage_command(
     lora: bool = typer.Option(False, "--lora", help=(
         "The policy trains LoRA adapters: its learning rate is read against LoRA's range, 10-128x full "
         "fine-tuning's (a run of the service says so in its config).")),
+    kl_coef: float | None = typer.Option(None, "--kl-coef", help=(
+        "The run's KL-to-reference coefficient (TRL's beta, verl's kl_loss_coef, OpenRLHF's init_kl_coef) "
+        "when the file does not log it; below 0 is a kl_misconfiguration (a run of the service says so in "
+        "its config).")),
 ) -> None:
     """Rank the likely fault classes of a run (healthy included) with evidence in plain words."""
     from dataclasses import replace
@@ -125,6 +129,8 @@ def triage_command(
     run, settings = read_run_and_settings(file, run_id, url, token, framework, format)
     if lora:
         settings = replace(settings, lora=True)
+    if kl_coef is not None:
+        settings = replace(settings, kl_coef=kl_coef)
     lib = _load(library)
     if not run.series:
         raise _fail("the run has no metrics")

@@ -61,6 +61,21 @@ def test_triage_lora_reads_the_lr_against_loras_range(tmp_path, library_dir):
     assert "lr_level" in rules[False] and "lr_level" not in rules[True]
 
 
+def test_triage_kl_coef_states_what_a_file_does_not_log(tmp_path, library_dir):
+    run = synthetic_run("healthy", seed=24, steps=60)
+    p = tmp_path / "beta.json"
+    p.write_text(json.dumps({"framework": "trl", "steps": run.to_steps()}))
+    rules = {}
+    for flag in ([], ["--kl-coef", "0.04"], ["--kl-coef", "-0.04"]):
+        res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--json", "--details", *flag])
+        assert res.exit_code == 0, res.output
+        rules[tuple(flag)] = {f["rule"] for f in json.loads(res.stdout)["findings"]}
+    assert "kl_coef_negative" in rules[("--kl-coef", "-0.04")]
+    assert "kl_coef_negative" not in rules[()] | rules[("--kl-coef", "0.04")]
+    res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--kl-coef", "minus"])
+    assert res.exit_code == 2
+
+
 def test_triage_user_errors_exit_2_without_traceback(tmp_path, library_dir):
     res = runner.invoke(app, ["triage", str(tmp_path / "missing.jsonl"), "--library", str(library_dir)])
     assert res.exit_code == 2 and "no such file" in res.stderr
