@@ -3,7 +3,8 @@
 
 A set is a directory with ``labels.json`` (``{run id: {"label": class, "onset": step|None,
 "framework": name, ...}}``) and one trace per run: ``traces/<id>.json`` or ``<id>.json`` (the REST
-ingest body, ``{"name", "framework", "steps": [{"step", "values"}]}``) or ``<id>.jsonl``. An
+ingest body, ``{"name", "framework", "steps": [{"step", "values"}]}``, with the run's ``config``
+where it was exported with one: triage reads its settings from it) or ``<id>.jsonl``. An
 optional ``MANIFEST.sha256`` (``sha256sum`` format) freezes the set: scoring a set whose files do
 not match it is refused, so a set cannot drift after it was scored.
 
@@ -177,9 +178,10 @@ def score_set(root: str | Path, library_path: str | Path, *, name: str | None = 
               log: str | Path | None = None, note: str = "", seed: int = 0) -> dict[str, Any]:
     """Score every run of the set at ``root``: the library's triage and the two baselines."""
     from moeproxy.signatures import dtw
-    from moeproxy.signatures.canonical import load_run
+    from moeproxy.signatures.canonical import load_config, load_run
     from moeproxy.signatures.fingerprint import load_library
     from moeproxy.signatures.matching import triage
+    from moeproxy.signatures.settings import settings_from_config
 
     root = Path(root)
     set_hash = check_manifest(root)
@@ -193,8 +195,9 @@ def score_set(root: str | Path, library_path: str | Path, *, name: str | None = 
     latencies = []
     for item in items:
         run = load_run(item.path, framework=item.framework)
+        settings = settings_from_config(load_config(item.path))  # a trace exported with its run's config
         t0 = time.perf_counter()
-        res = triage(run, lib, framework=item.framework)
+        res = triage(run, lib, framework=item.framework, settings=settings)
         latencies.append(time.perf_counter() - t0)
         top = res.candidates[0]
         rows.append({"id": item.id, "label": item.label, "framework": item.framework, "onset": item.onset,

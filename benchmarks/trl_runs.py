@@ -24,13 +24,20 @@ The runs (:data:`RUNS`), each labelled with its fault class and onset step:
   at a late step (``gradient_overflow``, onset that step). TRL does not skip a non-finite step:
   the weights turn NaN and sampling then fails, so the trace ends there (SPEC §4).
 
+Batch 2 (``--batch 2``, ``benchmarks/results/trl_runs_2``) adds new variants of the same classes,
+each run on a seed of its own (20, 21, ...): a healthy run, one at TRL's default ``beta`` 0 (no KL
+logged), one at a constant LR; LR ×10 and ×1000; LR 0 (``actor_update_omission``); both rewards
+constant at 1.0 and an accuracy reward replaced by a coin flip (``reward_fault``); a NaN gradient at
+a quarter of the run; ``beta`` -0.1. It was frozen before any scoring.
+
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
-"steps": [{"step", "values"}]}``) as read back from the server's API, so it is what the service
-stored; ``OUT/manifest.json`` (versions, settings, wall time and outcome of every run) and
+"steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
+read back from the server's API, so it is what the service stored; ``OUT/manifest.json`` (versions, settings, wall time and outcome of every run) and
 ``OUT/labels.json`` (``{run: {"label", "onset", "framework", "steps"}}``, steps as logged, what ``benchmarks/evalsets.py``
 reads) and ``OUT/MANIFEST.sha256`` (every JSON file's SHA-256: the freeze evalsets.py checks). A run whose trace exists is skipped on restart.
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/trl_runs.py               # all runs
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/trl_runs.py               # batch 1
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/trl_runs.py --batch 2     # batch 2: trl_runs_2
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/trl_runs.py --runs healthy --steps 5 --out /tmp/smoke
 
 Without ``--url``/``--token`` it serves ``moeproxy serve`` over a SQLite file in a temporary
@@ -153,7 +160,6 @@ def _healthy_warmup(setup: Setup) -> None:
     # The schedule most GRPO recipes use (TRL's and verl's examples: warm-up, then cosine decay), on
     # a seed of its own: the LR moves through the whole run and must not read as a fault.
     setup.config.update(lr_scheduler_type="cosine", warmup_steps=0.1, seed=setup.config["seed"] + 1)
-    return None
 
 
 def _lr_x100(setup: Setup) -> int:
@@ -211,6 +217,65 @@ def _nan_grad(setup: Setup) -> int:
     return at
 
 
+def _healthy_beta0(setup: Setup) -> None:
+    # TRL's own default (GRPOConfig.beta = 0.0): no reference model, so no KL is logged at all.
+    setup.config["beta"] = 0.0
+
+
+def _healthy_constant(setup: Setup) -> None:
+    setup.config["lr_scheduler_type"] = "constant"
+
+
+def _lr_times(factor: float) -> Callable[[Setup], int]:
+    def apply(setup: Setup) -> int:
+        setup.config["learning_rate"] *= factor
+        return 0
+
+    return apply
+
+
+def _lr_zero(setup: Setup) -> int:
+    # SPEC section 3, actor_update_omission: "LR 0 at first step"; the optimizer steps over nothing.
+    setup.config["learning_rate"] = 0.0
+    return 0
+
+
+def _reward_constant(setup: Setup) -> int:
+    def accuracy_reward(prompts, completions, **_) -> list[float]:
+        return [1.0 for _c in completions]
+
+    def format_reward(prompts, completions, **_) -> list[float]:
+        return [1.0 for _c in completions]
+
+    # Every completion scores the same, so every group ties and every advantage is 0.
+    setup.reward_funcs = [accuracy_reward, format_reward]
+    return 0
+
+
+def _reward_noise(setup: Setup) -> int:
+    import random
+
+    rng = random.Random(setup.config["seed"])
+
+    def accuracy_reward(prompts, completions, task, answer, **_) -> list[float]:
+        # Label noise at its worst: a coin flip stands in for the checker on every completion.
+        return [float(rng.random() < 0.5) for _c in completions]
+
+    setup.reward_funcs = [accuracy_reward, format_reward]
+    return 0
+
+
+def _nan_grad_early(setup: Setup) -> int:
+    at = max(2, round(setup.steps * 0.25))
+    setup.callbacks.append(nan_gradient_callback(at))
+    return at
+
+
+def _negative_beta_large(setup: Setup) -> int:
+    setup.config["beta"] = -0.1
+    return 0
+
+
 @dataclass(frozen=True)
 class RunKind:
     label: str  # the fault class (SPEC §3)
@@ -229,6 +294,31 @@ RUNS: dict[str, RunKind] = {
                              _frozen_params),
     "nan_grad": RunKind("gradient_overflow", f"NaN output-layer gradient at step round({NAN_AT} x steps)",
                         _nan_grad),
+    # Batch 2: new variants of the same classes through TRL's surface, each on a seed of its own,
+    # frozen before any scoring (the engine was never tuned on them).
+    "healthy_seed": RunKind("healthy", "nothing injected (batch 2's own seed)", _healthy),
+    "healthy_beta0": RunKind("healthy", "nothing injected; GRPOConfig.beta 0.0, TRL's default: no KL logged",
+                             _healthy_beta0),
+    "healthy_constant": RunKind("healthy", "nothing injected; constant LR", _healthy_constant),
+    "lr_x10": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x10", _lr_times(10)),
+    "lr_x1000": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x1000", _lr_times(1000)),
+    "lr_zero": RunKind("actor_update_omission", "GRPOConfig.learning_rate 0", _lr_zero),
+    "reward_constant": RunKind("reward_fault", "both reward functions return 1.0 for every completion",
+                               _reward_constant),
+    "reward_noise": RunKind("reward_fault", "accuracy_reward replaced by a coin flip", _reward_noise),
+    "nan_grad_early": RunKind("gradient_overflow", "NaN output-layer gradient at step round(0.25 x steps)",
+                              _nan_grad_early),
+    "negative_beta_large": RunKind("kl_misconfiguration", "GRPOConfig.beta -0.1", _negative_beta_large),
+}
+
+#: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
+#: no fault run is the twin of a healthy one).
+BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
+    "1": (("healthy", "healthy_warmup", "lr_x100", "reward_zero", "negative_beta", "frozen", "nan_grad"),
+          RESULTS, 0, False),
+    "2": (("healthy_seed", "healthy_beta0", "healthy_constant", "lr_x10", "lr_x1000", "lr_zero", "reward_constant",
+           "reward_noise", "nan_grad_early", "negative_beta_large"),
+          ROOT / "benchmarks" / "results" / "trl_runs_2", 20, True),
 }
 
 
@@ -304,7 +394,7 @@ class Api:
         for name, series in sorted(metrics.items()):
             for step, value in zip(series["steps"], series["values"]):
                 by_step.setdefault(step, {})[name] = value
-        return {"name": run["name"], "framework": run["framework"],
+        return {"name": run["name"], "framework": run["framework"], "config": run.get("config") or {},
                 "steps": [{"step": s, "values": by_step[s]} for s in sorted(by_step)]}
 
 
@@ -414,22 +504,25 @@ def _save(out: Path, manifest: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    ap.add_argument("--batch", default="1", choices=sorted(BATCHES), help="which runs, where, from which seed")
+    ap.add_argument("--runs", help=f"comma-separated, of {', '.join(RUNS)} (default: the batch's)")
     ap.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, help="the first run's seed (default: the batch's)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", help="where the traces go (default: the batch's directory)")
     ap.add_argument("--url", help="a running moeproxy server (default: serve one over a temporary SQLite)")
     ap.add_argument("--token", help="a token of that server (`moeproxy token create --project NAME | tail -1`)")
     args = ap.parse_args(argv)
-    keys = [k for k in args.runs.split(",") if k]
+    batch_keys, batch_out, batch_seed, own_seeds = BATCHES[args.batch]
+    keys = [k for k in args.runs.split(",") if k] if args.runs else list(batch_keys)
+    first_seed = batch_seed if args.seed is None else args.seed
     unknown = [k for k in keys if k not in RUNS]
     if unknown:
         ap.error(f"unknown run(s) {unknown}; known: {', '.join(RUNS)}")
     if bool(args.url) != bool(args.token):
         ap.error("--url and --token go together")
 
-    out = Path(args.out)
+    out = Path(args.out) if args.out else batch_out
     out.mkdir(parents=True, exist_ok=True)
     manifest = _load_manifest(out)
     # Done: its trace is on disk, or TRL refused its setting (a finding, not a failure).
@@ -455,7 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for key in todo:
                 print(f"{key}: {RUNS[key].what}, {args.steps} steps", flush=True)
-                entry = run_one(key, steps=args.steps, seed=args.seed, api=api, url=url, token=token,
+                seed = first_seed + (batch_keys.index(key) if own_seeds and key in batch_keys else 0)
+                entry = run_one(key, steps=args.steps, seed=seed, api=api, url=url, token=token,
                                 workdir=workdir)
                 trace = entry.pop("trace", None)
                 entry["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")

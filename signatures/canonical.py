@@ -176,6 +176,26 @@ def load_run(path: str | Path, *, framework: str | None = None) -> RunMetrics:
     return RunMetrics.from_steps(lines, framework=framework, name=p.stem)
 
 
+def load_config(path: str | Path) -> Mapping[str, Any] | None:
+    """The ``config`` a run file carries (a JSON document with ``steps`` and ``config``, as
+    ``POST /api/v1/runs`` takes it and ``benchmarks/trl_runs.py`` exports it); None for JSONL or a
+    document without one. ``load_run`` has read the file already; an unreadable one is its error."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError:
+        return None
+    stripped = text.lstrip()
+    if not stripped.startswith("{") or "\n{" in stripped.strip():
+        return None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    config = doc.get("config") if isinstance(doc, Mapping) else None
+    return config if isinstance(config, Mapping) else None
+
+
 def _from_document(doc: Any, framework: str | None, name: str) -> RunMetrics:
     if not isinstance(doc, Mapping):
         raise InvalidRun("expected a JSON object with 'steps' (or 'metrics')")

@@ -28,8 +28,8 @@ def read_run(file: str | Path | None, run_id: str | None, url: str | None, token
 def read_run_and_settings(file: str | Path | None, run_id: str | None, url: str | None, token: str | None,
                           framework: str | None, format: str | None = None):
     """``read_run``'s run, and the settings its config states (a run of the service: the config it
-    was created with; a file holds none, so full fine-tuning)."""
-    from moeproxy.signatures.canonical import RunMetrics, load_run
+    was created with; a JSON run file: its ``config``, if it has one; otherwise the defaults)."""
+    from moeproxy.signatures.canonical import RunMetrics, load_config, load_run
     from moeproxy.signatures.errors import InvalidRun
     from moeproxy.signatures.settings import DEFAULT_SETTINGS, settings_from_config
 
@@ -45,9 +45,10 @@ def read_run_and_settings(file: str | Path | None, run_id: str | None, url: str 
         if format is not None or _imported_format(Path(file)):
             return _read_imported(file, framework, format), DEFAULT_SETTINGS
         try:
-            return load_run(Path(file), framework=framework), DEFAULT_SETTINGS
+            run = load_run(Path(file), framework=framework)
         except InvalidRun as exc:
             raise _fail(str(exc)) from None
+        return run, settings_from_config(load_config(Path(file)))
     import httpx
 
     from moeproxy.client import service_endpoint

@@ -109,6 +109,35 @@ def test_a_nan_gradient_ends_the_run_with_nan_stored(sqlite_live_server, tiny_ch
     assert _server_run(sqlite_live_server, "trl-nan_grad-seed0")["status"] == "failed"
 
 
+def test_batch_2s_faults_reach_the_trace_with_the_runs_config(sqlite_live_server, tiny_checkpoint, tmp_path):
+    """Three of batch 2's faults on the tiny checkpoint: the trace carries the config the callback
+    sent (triage reads beta from it), every group ties under constant rewards, an LR of 0 is logged."""
+    from moeproxy.signatures.settings import settings_from_config
+
+    beta = _run("negative_beta_large", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert beta["ended"] == "finished" and beta["label"] == "kl_misconfiguration"
+    assert beta["trace"]["config"]["training_args"]["beta"] == -0.1
+    assert settings_from_config(beta["trace"]["config"]).kl_coef == -0.1
+
+    constant = _run("reward_constant", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert [s["values"]["reward"] for s in constant["trace"]["steps"]] == [2.0, 2.0, 2.0]
+    assert all(s["values"]["frac_reward_zero_std"] == 1.0 for s in constant["trace"]["steps"])
+
+    frozen = _run("lr_zero", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert frozen["label"] == "actor_update_omission" and frozen["config"]["learning_rate"] == 0.0
+    assert all(s["values"]["learning_rate"] == 0.0 for s in frozen["trace"]["steps"])
+
+
+def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys):
+    keys, out, first, own = trl_runs.BATCHES["2"]
+    assert own and out.name == "trl_runs_2" and len(set(keys)) == len(keys)
+    assert not set(keys) & set(trl_runs.BATCHES["1"][0])
+    for key in keys:  # all done: nothing is started
+        (tmp_path / f"{key}.json").write_text('{"name": "x", "framework": "trl", "steps": []}')
+    assert trl_runs.main(["--batch", "2", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("done before, skipped") == len(keys)
+
+
 def test_a_finished_run_is_skipped_on_restart(tmp_path, capsys):
     (tmp_path / "healthy.json").write_text('{"name": "trl-healthy-seed0", "framework": "trl", "steps": []}')
     # No server is started and nothing is trained: the only run asked for is already there.

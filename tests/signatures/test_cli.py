@@ -74,6 +74,28 @@ def test_triage_kl_coef_states_what_a_file_does_not_log(tmp_path, library_dir):
     assert "kl_coef_negative" not in rules[()] | rules[("--kl-coef", "0.04")]
     res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--kl-coef", "minus"])
     assert res.exit_code == 2
+    # A run file that carries its config (POST /runs's, as benchmarks/trl_runs.py exports it) says it itself.
+    with_config = tmp_path / "with-config.json"
+    with_config.write_text(json.dumps({"framework": "trl", "config": {"training_args": {"beta": -0.04}},
+                                       "steps": run.to_steps()}))
+    res = runner.invoke(app, ["triage", str(with_config), "--library", str(library_dir), "--json", "--details"])
+    assert res.exit_code == 0, res.output
+    assert "kl_coef_negative" in {f["rule"] for f in json.loads(res.stdout)["findings"]}
+
+
+def test_load_config_reads_a_documents_config_only(tmp_path):
+    from moeproxy.signatures.canonical import load_config
+
+    doc = tmp_path / "run.json"
+    doc.write_text(json.dumps({"steps": [], "config": {"beta": 0.1}}))
+    assert load_config(doc) == {"beta": 0.1}
+    jsonl = tmp_path / "run.jsonl"
+    jsonl.write_text('{"step": 0, "values": {"kl": 0.1}}\n{"step": 1, "values": {"kl": 0.2}}\n')
+    assert load_config(jsonl) is None
+    for text in ('{"steps": [], "config": [1, 2]}', '{"steps": []', "not json"):
+        doc.write_text(text)
+        assert load_config(doc) is None
+    assert load_config(tmp_path / "missing.json") is None
 
 
 def test_triage_user_errors_exit_2_without_traceback(tmp_path, library_dir):
