@@ -735,12 +735,13 @@ def _kl_never_moves(run: CanonicalRun) -> list[Finding]:
     """The KL to the reference stays where it started for the whole run: no update reached the policy
     (every step skipped or dropped from step 0), which a fault present from step 0 shows in no other
     way a lone run can read. A KL logged as exactly 0 throughout is a KL that is not computed (no KL
-    term), not a policy that never moved, and says nothing."""
+    term), not a policy that never moved, and says nothing, unless the run's config states a
+    positive KL coefficient: then the term is computed, and 0 is the policy still at its reference."""
     got = _values(run, "kl", KL_STILL_STEPS)
     if got is None:
         return []
     s, v = got
-    if not np.any(v):
+    if not np.any(v) and not (run.settings.kl_coef is not None and run.settings.kl_coef > 0):
         return []
     spread = float(np.ptp(v))
     level = float(np.median(np.abs(v)))

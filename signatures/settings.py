@@ -45,6 +45,9 @@ PEFT_SECTION_KEYS = frozenset({"peft", "peft_config"})
 #: ``training_args``), verl's ``actor_rollout_ref.actor.kl_loss_coef`` and
 #: ``algorithm.kl_ctrl.kl_coef``, OpenRLHF's ``--init_kl_coef``.
 KL_COEF_KEYS = frozenset({"beta", "kl_loss_coef", "kl_coef", "init_kl_coef"})
+#: verl's switches for its two KL terms: a coefficient under a switch set to false is a default
+#: left in the config (``kl_loss_coef: 0.001`` beside ``use_kl_loss: false``), not a term of the loss.
+KL_SWITCHES: dict[str, str] = {"use_kl_loss": "kl_loss_coef", "use_kl_in_reward": "kl_coef"}
 #: Bounds on the walk through a config (at most 256 KiB of JSON, SmallJson): deep or wide enough
 #: for verl's nested Hydra config, small enough to cost nothing.
 MAX_DEPTH = 8
@@ -78,24 +81,27 @@ def _switched_off(node: Mapping[str, Any]) -> bool:
 def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
     """The settings a run's ``config`` states (any nesting); the defaults where it says nothing.
     Where it names several KL coefficients (verl's loss term and its reward penalty), the lowest
-    is kept: a negative one is the misconfiguration whichever term it sits in."""
-    stack: list[tuple[Any, int]] = [(config, 0)]
+    is kept: a negative one is the misconfiguration whichever term it sits in. A coefficient whose
+    term the config switches off (:data:`KL_SWITCHES`, in its section or one above) is not read."""
+    stack: list[tuple[Any, int, frozenset[str]]] = [(config, 0, frozenset())]
     seen = 0
     lora = False
     kl_coefs: list[float] = []
     while stack and seen < MAX_NODES:
-        node, depth = stack.pop()
+        node, depth, kl_off = stack.pop()
         seen += 1
         if isinstance(node, Mapping):
             off = _switched_off(node)
+            kl_off = kl_off | {coef for switch, coef in KL_SWITCHES.items() if node.get(switch) is False}
             for key, value in node.items():
                 if not isinstance(key, str):
                     continue
                 lora = lora or (not off and _says_lora(key, value))
-                if key.lower() in KL_COEF_KEYS and (coef := _number(value)) is not None:
+                k = key.lower()
+                if k in KL_COEF_KEYS and k not in kl_off and (coef := _number(value)) is not None:
                     kl_coefs.append(coef)
                 if depth < MAX_DEPTH:
-                    stack.append((value, depth + 1))
+                    stack.append((value, depth + 1, kl_off))
         elif isinstance(node, Sequence) and not isinstance(node, str | bytes) and depth < MAX_DEPTH:
-            stack.extend((item, depth + 1) for item in node)
+            stack.extend((item, depth + 1, kl_off) for item in node)
     return RunSettings(lora=lora, kl_coef=min(kl_coefs) if kl_coefs else None)

@@ -372,3 +372,19 @@ def test_a_negative_kl_coefficient_in_the_config_or_the_log_is_a_kl_misconfigura
     assert "kl_coef_negative" in logged
     assert "kl_coef_negative" not in _rules({"critic/score/mean": 0.3 + 0.3 * t / N, "actor/kl_coef": np.full(N, 0.001)},
                                             "verl")
+
+
+def test_a_kl_of_exactly_0_is_a_policy_that_never_moved_only_where_the_config_computes_one():
+    """TRL logs kl only when beta != 0; an LR of 0 (SPEC: 'LR 0 at first step') leaves it at exactly 0.
+    Without a stated coefficient an all-0 KL may be a term that is not computed, and says nothing."""
+    from moeproxy.signatures.settings import RunSettings
+
+    cols = {**_healthy_trl(), "kl": np.zeros(N), "learning_rate": np.zeros(N)}
+    run = RunMetrics.from_steps([{"step": k + 1, "values": {m: float(v[k]) for m, v in cols.items()}}
+                                 for k in range(N)], framework="trl")
+
+    def rules(settings):
+        return {f.rule for f in whole_run_evidence(canonicalise(run, settings=settings))}
+
+    assert "kl_never_moves" in rules(RunSettings(kl_coef=0.04))
+    assert "kl_never_moves" not in rules(RunSettings()) | rules(RunSettings(kl_coef=0.0))

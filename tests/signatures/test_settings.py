@@ -86,6 +86,11 @@ def test_a_real_lora_run_at_2e_4_is_no_lr_misconfiguration_once_its_config_says_
     ({"actor_rollout_ref": {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.001}},
       "algorithm": {"kl_ctrl": {"kl_coef": -0.001}}}, -0.001),  # verl: the lower of its two terms
     ({"args": {"init_kl_coef": 0.01}}, 0.01),  # OpenRLHF
+    # verl's defaults with both terms switched off: the coefficients are not terms of the loss.
+    ({"actor_rollout_ref": {"actor": {"use_kl_loss": False, "kl_loss_coef": -0.001}},
+      "algorithm": {"use_kl_in_reward": False, "kl_ctrl": {"kl_coef": 0.001}}}, None),
+    ({"actor_rollout_ref": {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.001}},
+      "algorithm": {"use_kl_in_reward": False, "kl_ctrl": {"kl_coef": -0.5}}}, 0.001),
     ({"training_args": {"beta": True}}, None),  # a flag is no coefficient
     ({"optim": {"betas": [0.9, 0.999]}}, None),  # Adam's betas are not the KL's
     ({}, None),
