@@ -415,7 +415,11 @@ def _skipped_updates(run: CanonicalRun, hits: list[tuple[str, CanonicalSeries]])
 @rule("nonfinite")
 def _nonfinite(run: CanonicalRun) -> list[Finding]:
     """NaN/inf in the gradient norm, loss, KL or entropy: an overflow (SPEC section 3), unless the
-    updates were skipped (``nonfinite_update_skipped``) or the KL term went first (``kl_term_nonfinite``)."""
+    updates were skipped (``nonfinite_update_skipped``) or the KL term went first (``kl_term_nonfinite``).
+    Evidence against ``actor_update_omission`` too: a non-finite gradient norm reads as a skipped
+    update only where finite forward metrics after it show the skip, and where this rule fires
+    none do (the run stops at the NaN, as TRL's does when NaN weights break the next sampling, or
+    the forward metrics turn NaN with it)."""
     hits = _nonfinite_hits(run)
     if not hits or _skipped_updates(run, hits) is not None or _kl_term_first(run, hits) is not None:
         return []
@@ -423,7 +427,8 @@ def _nonfinite(run: CanonicalRun) -> list[Finding]:
     step = run.first_nonfinite_step(m)
     count = int(s.nonfinite.sum())
     return [Finding("nonfinite", m, s.source, float(count), 0.0, ("gradient_overflow",),
-                    f"{s.source} non-finite from step {step} ({count} steps)", "nonfinite")]
+                    f"{s.source} non-finite from step {step} ({count} steps), and no finite step after it shows "
+                    "the update skipped", "nonfinite", against=("healthy", "actor_update_omission"))]
 
 
 @rule("nonfinite_update_skipped")
