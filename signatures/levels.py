@@ -65,6 +65,10 @@ SOURCES: dict[str, str] = {
                   "(arXiv:2510.11370, section 3): without routing replay about 10% of the router decisions of "
                   "Qwen3-30B-A3B choose different experts in the inference engine than in training, the "
                   "discrepancy the paper ties to MoE RL collapse; with the rollout's routing replayed they agree",
+    "mismatch-growth": "SPEC section 3's reported signatures: a stale sync's rollout-training discrepancy 'jumps and "
+                       "grows (0.015 -> 0.2 within 3 steps)', a routing mismatch's 'discrepancy and KL grow', a "
+                       "kernel error's 'slow drift', where a precision fault is a 'shift': a rounding error is "
+                       "the same on every step, so it lifts the discrepancy once and holds it (siblings.SEPARATORS)",
     "ratio-spikes": "on the first update of a batch the new/old log-prob ratio is 1 by definition (the same weights "
                     "score the same tokens; huggingface/trl issue 454): OpenRLHF issue 931 reports it at 1.002 or "
                     "0.997 on-policy but now and then at 5e8, with the KL loss spiking at random steps, from "
@@ -299,6 +303,44 @@ def _sync_sawtooth(run: CanonicalRun) -> list[Finding]:
                         f"from step {first}) and climbs in between: the rollout engine gets the trainer's "
                         f"weights only every {every} steps and samples from stale ones in between",
                         "sync-period")]
+    return []
+
+
+#: Chosen: the discrepancy must first pass verl's problem level (SOURCES["verl-faq"]) for its growth
+#: to be judged; a discrepancy at float rounding's size grows by large factors from next to nothing.
+GROWTH_FROM = PROBS_DIFF_PROBLEM
+#: Chosen: growth between the first and the last quarter of the stretch from there. Campaign v2's
+#: precision faults hold theirs at 0.9-1.04x; the public reports' and its own skipped syncs grow 2-6x.
+GROWTH_FACTOR = 2.0
+GROWTH_MIN_POINTS = 12
+GROWTH_METRICS = ("rollout_train_logp_diff",)
+
+
+@rule("mismatch_grows")
+def _mismatch_grows(run: CanonicalRun) -> list[Finding]:
+    """The rollout/trainer discrepancy keeps growing once it is past verl's problem level: a copy
+    falling further behind, a routing or kernel error the training makes worse, not the fixed
+    rounding error of a lower-precision rollout (which shifts it once and holds it). Evidence
+    against that one sibling only: which of the others grows it, the growth does not say (the
+    public reports give all three, campaign v2 only its skipped and partial syncs)."""
+    for metric in GROWTH_METRICS:
+        got = _values(run, metric, GROWTH_MIN_POINTS)
+        if got is None:
+            continue
+        s, v = got
+        above = np.flatnonzero(v > GROWTH_FROM)
+        if above.size == 0 or v.size - above[0] < GROWTH_MIN_POINTS:
+            continue
+        stretch = v[above[0]:]
+        q = stretch.size // 4
+        start, end = float(np.median(stretch[:q])), float(np.median(stretch[-q:]))
+        if end < GROWTH_FACTOR * start:
+            continue
+        return [Finding("mismatch_grows", metric, s.source, end / start, GROWTH_FACTOR, (),
+                        f"{s.source} keeps growing past {GROWTH_FROM} (from step {_finite_step(run, s, int(above[0]))}: "
+                        f"{start:.3g} in the first quarter of that stretch, {end:.3g} in the last): a discrepancy "
+                        "that training makes worse, where a lower-precision rollout shifts it once and holds it",
+                        "mismatch-growth", against=("healthy", "rollout_logp_precision"))]
     return []
 
 

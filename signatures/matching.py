@@ -114,6 +114,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "rollout_mismatch_level": 2.0,
     "routing_agreement_level": 2.0,
     "sync_sawtooth": 2.0,
+    "mismatch_grows": 2.0,
     "importance_ratio_level": 2.0,
     "kl_runaway": 1.5,
     "length_pinned": 1.0,

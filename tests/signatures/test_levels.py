@@ -388,3 +388,19 @@ def test_a_kl_of_exactly_0_is_a_policy_that_never_moved_only_where_the_config_co
 
     assert "kl_never_moves" in rules(RunSettings(kl_coef=0.04))
     assert "kl_never_moves" not in rules(RunSettings()) | rules(RunSettings(kl_coef=0.0))
+
+
+def test_a_discrepancy_that_keeps_growing_past_verls_level_is_no_precision_fault():
+    """A lower-precision rollout shifts the discrepancy once and holds it; one that keeps growing
+    past 0.01 is a copy falling behind, or a routing or kernel error the training makes worse."""
+    t = np.arange(N)
+    reward = 0.3 + 0.3 * t / N
+    grows = np.where(t < 100, 0.003, 0.012 + 0.0008 * (t - 100))  # 0.012 -> 0.09
+    shifted = np.where(t < 100, 0.003, 0.03)  # a precision fault's shift
+    run = _run({"critic/score/mean": reward, "training/rollout_probs_diff_mean": grows}, "verl")
+    [finding] = [f for f in whole_run_evidence(run) if f.rule == "mismatch_grows"]
+    assert finding.supports == () and finding.against == ("healthy", "rollout_logp_precision")
+    assert finding.value >= 2.0 and "from step 101" in finding.text and finding.source == "mismatch-growth"
+    for flat in (shifted, np.full(N, 0.003), 0.003 * np.exp(t / 40.0) / np.exp(N / 40.0)):  # below 0.01 until the end
+        assert "mismatch_grows" not in _rules({"critic/score/mean": reward, "training/rollout_probs_diff_mean": flat},
+                                              "verl")

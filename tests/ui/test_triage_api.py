@@ -237,3 +237,24 @@ def test_a_trl_run_whose_config_has_a_negative_beta_is_named_a_kl_misconfigurati
     assert plain["details"]["settings"]["kl_coef"] == 0.04
     assert "kl_coef_negative" not in {f["rule"] for f in plain["details"]["findings"]}
     assert plain["candidates"][0]["fault_class"] != "kl_misconfiguration" and "below 0" not in page
+
+
+def test_a_finding_against_a_class_names_it_on_the_run_page(ui_client, auth):
+    """mismatch_grows supports no class and counts against rollout_logp_precision: the page says
+    so after the finding instead of an arrow to nothing."""
+    import html
+
+    from ui_helpers import ingest_body
+
+    body = ingest_body(synthetic_run("healthy", steps=120, seed=109))
+    for step in body["steps"]:
+        t = step["step"]
+        step["values"]["training/rollout_probs_diff_mean"] = 0.003 if t < 60 else 0.012 + 0.001 * (t - 60)
+    run_id = ui_client.post("/api/v1/runs", json={"name": "grows", "framework": "verl"}, headers=auth()).json()["id"]
+    assert ui_client.post(f"/api/v1/runs/{run_id}/metrics", json=body, headers=auth()).status_code == 200
+    assert ui_client.post(f"/api/v1/runs/{run_id}/triage", headers=auth()).status_code == 200
+    page = html.unescape(ui_client.get(f"/runs/{run_id}").text)
+    item = page[page.index('data-rule="mismatch_grows"'):]
+    item = item[:item.index("</li>")]
+    assert 'against <a href="/faults#rollout_logp_precision">rollout_logp_precision</a>' in item
+    assert "→" not in item
