@@ -154,6 +154,12 @@ class RunMetrics:
         return [{"step": k, "values": by_step[k]} for k in sorted(by_step)]
 
 
+def _one_document(text: str) -> bool:
+    """The file is one JSON object (the REST ingest body), not JSONL (one object a line)."""
+    stripped = text.strip()
+    return stripped.startswith("{") and "\n{" not in stripped
+
+
 def load_run(path: str | Path, *, framework: str | None = None) -> RunMetrics:
     """Read a run file: JSONL of ``{"step", "values"}`` lines, or a JSON object with ``steps``
     (the REST ingest body, optionally with ``framework``), or with ``metrics`` in column form.
@@ -163,9 +169,8 @@ def load_run(path: str | Path, *, framework: str | None = None) -> RunMetrics:
         text = p.read_text()
     except OSError as exc:
         raise InvalidRun(f"{p}: {exc.strerror or exc}") from None
-    stripped = text.lstrip()
     try:
-        if stripped.startswith("{") and "\n{" not in stripped.strip():
+        if _one_document(text):
             doc = json.loads(text)
             return _from_document(doc, framework, p.stem)
         lines = [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -185,8 +190,7 @@ def load_config(path: str | Path) -> Mapping[str, Any] | None:
         text = p.read_text()
     except OSError:
         return None
-    stripped = text.lstrip()
-    if not stripped.startswith("{") or "\n{" in stripped.strip():
+    if not _one_document(text):
         return None
     try:
         doc = json.loads(text)

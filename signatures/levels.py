@@ -194,18 +194,20 @@ ROUTING_AGREEMENT_PROBLEM = 0.9
 #: the trainer (a stale sync) lowers the agreement step after step (campaign v2's skipped syncs:
 #: 0.99 to 0.76); a rollout that routes differently drops it at once and holds it.
 ROUTING_HELD = 0.05
+ROUTING_MIN_POINTS = 10  # logged points the rule needs
+ROUTING_MIN_LOW = 5  # of them at or below the level: one or two low batches are no level
 
 
 @rule("routing_agreement_level")
 def _routing_agreement(run: CanonicalRun) -> list[Finding]:
     """The rollout and the trainer choose different experts for more tokens than R3 measured
     without routing replay, at a level that holds rather than drifting down with training."""
-    got = _values(run, "routing_agreement", 10)
+    got = _values(run, "routing_agreement", ROUTING_MIN_POINTS)
     if got is None:
         return []
     s, v = got
     low = np.flatnonzero(v <= ROUTING_AGREEMENT_PROBLEM)
-    if low.size < 5:
+    if low.size < ROUTING_MIN_LOW:
         return []
     after = v[low[0]:]
     level = float(np.median(after))
