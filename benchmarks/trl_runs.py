@@ -162,11 +162,6 @@ def _healthy_warmup(setup: Setup) -> None:
     setup.config.update(lr_scheduler_type="cosine", warmup_steps=0.1, seed=setup.config["seed"] + 1)
 
 
-def _lr_x100(setup: Setup) -> int:
-    setup.config["learning_rate"] *= 100
-    return 0
-
-
 def _reward_zero(setup: Setup) -> int:
     def accuracy_reward(prompts, completions, **_) -> list[float]:
         # A parser that never matches (it looks for a tag the model never writes): always 0.0.
@@ -211,10 +206,13 @@ def nan_gradient_callback(at_step: int):
     return NanGradientAt()
 
 
-def _nan_grad(setup: Setup) -> int:
-    at = max(2, round(setup.steps * NAN_AT))
-    setup.callbacks.append(nan_gradient_callback(at))
-    return at
+def _nan_grad_at(share: float) -> Callable[[Setup], int]:
+    def apply(setup: Setup) -> int:
+        at = max(2, round(setup.steps * share))
+        setup.callbacks.append(nan_gradient_callback(at))
+        return at
+
+    return apply
 
 
 def _healthy_beta0(setup: Setup) -> None:
@@ -265,12 +263,6 @@ def _reward_noise(setup: Setup) -> int:
     return 0
 
 
-def _nan_grad_early(setup: Setup) -> int:
-    at = max(2, round(setup.steps * 0.25))
-    setup.callbacks.append(nan_gradient_callback(at))
-    return at
-
-
 def _negative_beta_large(setup: Setup) -> int:
     setup.config["beta"] = -0.1
     return 0
@@ -287,15 +279,15 @@ RUNS: dict[str, RunKind] = {
     "healthy": RunKind("healthy", "nothing injected", _healthy),
     "healthy_warmup": RunKind("healthy", "nothing injected; cosine LR after a 10% warm-up, seed + 1",
                               _healthy_warmup),
-    "lr_x100": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x100", _lr_x100),
+    "lr_x100": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x100", _lr_times(100)),
     "reward_zero": RunKind("reward_fault", "accuracy_reward returns 0.0 for every completion", _reward_zero),
     "negative_beta": RunKind("kl_misconfiguration", "GRPOConfig.beta with its sign flipped", _negative_beta),
     "frozen": RunKind("actor_update_omission", "all parameters requires_grad=False, inputs require grad",
                              _frozen_params),
     "nan_grad": RunKind("gradient_overflow", f"NaN output-layer gradient at step round({NAN_AT} x steps)",
-                        _nan_grad),
+                        _nan_grad_at(NAN_AT)),
     # Batch 2: new variants of the same classes through TRL's surface, each on a seed of its own,
-    # frozen before any scoring (the engine was never tuned on them).
+    # frozen before their first scoring (docs/benchmarks.md says what changed after it).
     "healthy_seed": RunKind("healthy", "nothing injected (batch 2's own seed)", _healthy),
     "healthy_beta0": RunKind("healthy", "nothing injected; GRPOConfig.beta 0.0, TRL's default: no KL logged",
                              _healthy_beta0),
@@ -307,7 +299,7 @@ RUNS: dict[str, RunKind] = {
                                _reward_constant),
     "reward_noise": RunKind("reward_fault", "accuracy_reward replaced by a coin flip", _reward_noise),
     "nan_grad_early": RunKind("gradient_overflow", "NaN output-layer gradient at step round(0.25 x steps)",
-                              _nan_grad_early),
+                              _nan_grad_at(0.25)),
     "negative_beta_large": RunKind("kl_misconfiguration", "GRPOConfig.beta -0.1", _negative_beta_large),
 }
 
