@@ -28,7 +28,11 @@ Batch 2 (``--batch 2``, ``benchmarks/results/trl_runs_2``) adds new variants of 
 each run on a seed of its own (20, 21, ...): a healthy run, one at TRL's default ``beta`` 0 (no KL
 logged), one at a constant LR; LR ×10 and ×1000; LR 0 (``actor_update_omission``); both rewards
 constant at 1.0 and an accuracy reward replaced by a coin flip (``reward_fault``); a NaN gradient at
-a quarter of the run; ``beta`` -0.1. It was frozen before any scoring.
+a quarter of the run; ``beta`` -0.1. It was frozen before any scoring. Batch 3 (``--batch 3``,
+``benchmarks/results/trl_runs_3``, seeds 40-45), frozen after the rules written on batch 2 and
+before its own first scoring: healthy with a warm-up and cosine decay, healthy at ``beta`` 0; LR
+×300 behind a warm-up, LR ×1000 at ``beta`` 0 (no KL logged); the format reward always 0; a NaN
+gradient at 90% of the run.
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -268,6 +272,31 @@ def _negative_beta_large(setup: Setup) -> int:
     return 0
 
 
+def _healthy_cosine(setup: Setup) -> None:
+    setup.config.update(lr_scheduler_type="cosine", warmup_steps=0.1)
+
+
+def _lr_x300_warmup(setup: Setup) -> int:
+    # An SFT learning rate behind the schedule most recipes use: the level is the peak, not step 0.
+    setup.config.update(learning_rate=setup.config["learning_rate"] * 300, lr_scheduler_type="cosine",
+                        warmup_steps=0.1)
+    return 0
+
+
+def _lr_x1000_beta0(setup: Setup) -> int:
+    setup.config.update(learning_rate=setup.config["learning_rate"] * 1000, beta=0.0)
+    return 0
+
+
+def _format_zero(setup: Setup) -> int:
+    def format_reward(prompts, completions, **_) -> list[float]:
+        # A format regex that never matches: this component gives 0.0 to every completion.
+        return [0.0 for _c in completions]
+
+    setup.reward_funcs = [accuracy_reward, format_reward]
+    return 0
+
+
 @dataclass(frozen=True)
 class RunKind:
     label: str  # the fault class (SPEC §3)
@@ -301,6 +330,17 @@ RUNS: dict[str, RunKind] = {
     "nan_grad_early": RunKind("gradient_overflow", "NaN output-layer gradient at step round(0.25 x steps)",
                               _nan_grad_at(0.25)),
     "negative_beta_large": RunKind("kl_misconfiguration", "GRPOConfig.beta -0.1", _negative_beta_large),
+    # Batch 3: frozen after this release's rules, before their first scoring.
+    "healthy_cosine": RunKind("healthy", "nothing injected; cosine LR after a 10% warm-up", _healthy_cosine),
+    "healthy_beta0_seed": RunKind("healthy", "nothing injected; GRPOConfig.beta 0.0 (batch 3's seed)",
+                                  _healthy_beta0),
+    "lr_x300_warmup": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x300 behind a warm-up and cosine",
+                              _lr_x300_warmup),
+    "lr_x1000_beta0": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x1000 with beta 0 (no KL logged)",
+                              _lr_x1000_beta0),
+    "format_zero": RunKind("reward_fault", "format_reward returns 0.0 for every completion", _format_zero),
+    "nan_grad_late": RunKind("gradient_overflow", "NaN output-layer gradient at step round(0.9 x steps)",
+                             _nan_grad_at(0.9)),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -311,6 +351,8 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "2": (("healthy_seed", "healthy_beta0", "healthy_constant", "lr_x10", "lr_x1000", "lr_zero", "reward_constant",
            "reward_noise", "nan_grad_early", "negative_beta_large"),
           ROOT / "benchmarks" / "results" / "trl_runs_2", 20, True),
+    "3": (("healthy_cosine", "healthy_beta0_seed", "lr_x300_warmup", "lr_x1000_beta0", "format_zero", "nan_grad_late"),
+          ROOT / "benchmarks" / "results" / "trl_runs_3", 40, True),
 }
 
 

@@ -132,6 +132,9 @@ def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys)
     keys, out, first, own = trl_runs.BATCHES["2"]
     assert own and out.name == "trl_runs_2" and len(set(keys)) == len(keys)
     assert not set(keys) & set(trl_runs.BATCHES["1"][0])
+    third, out3, first3, _ = trl_runs.BATCHES["3"]
+    assert out3.name == "trl_runs_3" and first3 > first + len(keys) - 1  # seeds of its own
+    assert not set(third) & (set(keys) | set(trl_runs.BATCHES["1"][0]))
     for key in keys:  # all done: nothing is started
         (tmp_path / f"{key}.json").write_text('{"name": "x", "framework": "trl", "steps": []}')
     assert trl_runs.main(["--batch", "2", "--out", str(tmp_path)]) == 0
