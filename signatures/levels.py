@@ -643,7 +643,7 @@ def _no_reward_signal(run: CanonicalRun) -> list[Finding]:
         return []
     s, v = got
     first = float(np.median(v[:FIRST_STEPS]))
-    if first < TIED_GROUPS:
+    if first < TIED_GROUPS or _policy_breaks_early(run):
         return []
     return [Finding("no_reward_signal", "zero_std_frac", s.source, first, TIED_GROUPS, ("reward_fault",),
                     f"{s.source} median {first:.0%} over the first {FIRST_STEPS} steps: every group's rewards tie "
@@ -676,13 +676,43 @@ def _reward_stuck(run: CanonicalRun) -> list[Finding]:
         return []
     if last >= float(v[:start].max()):  # held at its best: a saturated task
         return []
-    if _kl_runaway(run) or _entropy_extreme(run) or _nonfinite(run):
-        return []
     step = _finite_step(run, s, start)
+    if _kl_runaway(run) or _entropy_extreme(run) or _nonfinite(run) or _entropy_jumps_at(run, step):
+        return []
     return [Finding("reward_stuck", "reward_mean", s.source, float(stuck), REWARD_STUCK_STEPS, ("reward_fault",),
                     f"{s.source} holds {last:.4g} exactly from step {step} to the end ({stuck} steps, below the "
                     f"{float(v[:start].max()):.4g} it reached before) while KL and entropy stay in range: every "
                     "completion scores the same, so the reward, not the policy, stopped scoring", "grpo-advantage")]
+
+
+def _entropy_jumps_at(run: CanonicalRun, step: int) -> bool:
+    """The entropy changes by an extreme factor across ``step``: its median over the
+    ``REWARD_STUCK_STEPS`` logged steps from ``step`` against the ones before. A policy that one
+    huge update breaks (a real TRL run at LR x1000: entropy x15 in the step its reward fell to 0)
+    drops the reward at the moment it breaks, and a whole-run entropy ratio cannot see a break in
+    the run's first tenth; a reward that stops scoring leaves the policy as it was."""
+    e = run.metrics.get("entropy")
+    if e is None:
+        return False
+    keep = e.finite & (e.values > 0)
+    steps, vals = run.steps[keep], e.values[keep]
+    before = vals[steps < step][-REWARD_STUCK_STEPS:]
+    after = vals[steps >= step][:REWARD_STUCK_STEPS]
+    if before.size == 0 or after.size == 0:
+        return False
+    ratio = float(np.median(after)) / float(np.median(before))
+    return not ENTROPY_COLLAPSE <= ratio <= ENTROPY_EXPLOSION
+
+
+def _policy_breaks_early(run: CanonicalRun) -> bool:
+    """The entropy jumps by an extreme factor at one of the first ``FIRST_STEPS`` logged steps: a
+    first update large enough to break the policy (a real TRL run at LR x1000: x15 after step 1,
+    x64 on another seed), after which every completion of a group scores the same 0."""
+    e = run.metrics.get("entropy")
+    if e is None:
+        return False
+    steps = run.steps[e.finite]
+    return any(_entropy_jumps_at(run, int(s)) for s in steps[1:FIRST_STEPS])
 
 
 #: Steps a reward function must score exactly 0 for every completion to say it never scores.

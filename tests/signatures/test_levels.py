@@ -85,6 +85,20 @@ def test_each_fault_from_step_0_leaves_its_finding():
         assert name in _rules({**base, **override}), name
 
 
+def test_groups_that_tie_only_after_the_first_update_broke_the_policy_are_not_the_reward():
+    """A reward that never scores ties every group from step 1; a first update large enough to
+    break the policy (a real TRL run at LR x1000: entropy x15 after step 1) ties them too, from step
+    2 on, and then the tie is the broken policy's."""
+    base = _healthy_trl()
+    t = np.arange(N)
+    tied = np.where(t >= 1, 1.0, 0.5)
+    assert "no_reward_signal" in _rules({**base, "frac_reward_zero_std": tied})
+    broken = np.where(t >= 1, 2.0 - 0.004 * t, 0.14)
+    assert "no_reward_signal" not in _rules({**base, "frac_reward_zero_std": tied, "entropy": broken})
+    # An entropy that moves x2 in the first steps is not a break: still the reward.
+    assert "no_reward_signal" in _rules({**base, "frac_reward_zero_std": tied, "entropy": np.where(t >= 3, 1.8, 0.9)})
+
+
 def test_a_zero_gradient_on_steps_whose_groups_all_tied_or_on_a_few_steps_of_a_training_run_is_no_omission():
     """GRPO's gradient is 0 when every group ties (no advantage), and a logging point that samples one
     step of an interval can catch such a step: neither is an update the framework dropped."""
@@ -132,6 +146,14 @@ def test_a_reward_that_drops_to_a_constant_while_the_policy_holds_is_the_reward(
     assert "reward_stuck" not in _rules({**base, "reward": saturated})
     # A policy that collapses also scores a constant 0, but its KL runs away first: not the reward.
     assert "reward_stuck" not in _rules({**broken, "kl": 0.001 * np.exp(t / 25)})
+    # One huge update breaks the policy: its entropy jumps x15 in the step the reward falls to 0
+    # (a real TRL run at LR x1000, no KL logged), then settles, so the whole-run entropy ratio
+    # stays in range. The policy, not the reward, stopped scoring.
+    broken_early = {**base, "reward": np.where(t >= 1, 0.0, 1.4), "entropy": np.where(t >= 1, 2.0 - 0.004 * t, 0.14)}
+    assert "reward_stuck" not in _rules({k: v for k, v in broken_early.items() if k != "kl"})
+    # The same early fall with the entropy untouched is the reward.
+    assert "reward_stuck" in _rules({**base, "reward": np.where(t >= 1, 0.0, 1.4)})
+    assert "reward_stuck" in _rules({**broken, "entropy": np.where(t >= 120, 1.5, base["entropy"])})  # x2: in range
     # Too short a stretch to say every completion scores the same; a reward constant from step 0
     # (never varied) is left to no_reward_signal, which reads the tied groups themselves.
     assert "reward_stuck" not in _rules({**base, "reward": np.where(t >= N - 5, 0.0, base["reward"])})
