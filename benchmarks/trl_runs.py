@@ -32,7 +32,11 @@ a quarter of the run; ``beta`` -0.1. It was frozen before any scoring. Batch 3 (
 ``benchmarks/results/trl_runs_3``, seeds 40-45), frozen after the rules written on batch 2 and
 before its own first scoring: healthy with a warm-up and cosine decay, healthy at ``beta`` 0; LR
 ×300 behind a warm-up, LR ×1000 at ``beta`` 0 (no KL logged); the format reward always 0; a NaN
-gradient at 90% of the run.
+gradient at 90% of the run. Batch 4 (``--batch 4``, ``benchmarks/results/trl_runs_4``, seeds
+60-65), frozen after the rules written on batch 3 and before its own first scoring: healthy under
+Dr. GRPO's loss and with two updates per generation batch; every parameter frozen halfway
+(``actor_update_omission``), the accuracy reward 0 from halfway (``reward_fault``), a +inf gradient
+halfway; LR ×30.
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -51,6 +55,7 @@ directory for the duration of the script.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -188,9 +193,11 @@ def _frozen_params(setup: Setup) -> int:
     return 0
 
 
-def nan_gradient_callback(at_step: int):
+def nan_gradient_callback(at_step: int, value: float = float("nan")):
     """A ``TrainerCallback`` that makes the backward of step ``at_step`` (1-based, as TRL logs steps)
-    give NaN for the output layer's weight, as an overflow in backward would."""
+    give ``value`` (NaN, or +inf) for every element of the output layer's weight gradient, as an
+    overflow in backward would."""
+    import torch
     from transformers import TrainerCallback
 
     class NanGradientAt(TrainerCallback):
@@ -200,7 +207,7 @@ def nan_gradient_callback(at_step: int):
         def on_step_begin(self, args, state, control, model=None, **kwargs):
             if state.global_step + 1 == at_step and self.handle is None:
                 weight = model.get_output_embeddings().weight
-                self.handle = weight.register_hook(lambda grad: grad * float("nan"))
+                self.handle = weight.register_hook(lambda grad: torch.full_like(grad, value))
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.handle is not None:
@@ -210,13 +217,35 @@ def nan_gradient_callback(at_step: int):
     return NanGradientAt()
 
 
-def _nan_grad_at(share: float) -> Callable[[Setup], int]:
+def _at(setup: Setup, share: float) -> int:
+    """The step (1-based) at ``share`` of the run, never the first: a fault needs a step before it."""
+    return max(2, round(setup.steps * share))
+
+
+def _nan_grad_at(share: float, value: float = float("nan")) -> Callable[[Setup], int]:
     def apply(setup: Setup) -> int:
-        at = max(2, round(setup.steps * share))
-        setup.callbacks.append(nan_gradient_callback(at))
+        at = _at(setup, share)
+        setup.callbacks.append(nan_gradient_callback(at, value))
         return at
 
     return apply
+
+
+def step_flag_callback(at_step: int, act: Callable[[Any], None]):
+    """A ``TrainerCallback`` that calls ``act(model)`` once, as step ``at_step`` (1-based) begins:
+    a fault that starts in the middle of a run."""
+    from transformers import TrainerCallback
+
+    class AtStep(TrainerCallback):
+        def __init__(self):
+            self.done = False
+
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            if state.global_step + 1 == at_step and not self.done:
+                self.done = True
+                act(model)
+
+    return AtStep()
 
 
 def _healthy_beta0(setup: Setup) -> None:
@@ -297,6 +326,46 @@ def _format_zero(setup: Setup) -> int:
     return 0
 
 
+def _healthy_dr_grpo(setup: Setup) -> None:
+    # Dr. GRPO's loss (arXiv:2503.20783): no length or std normalisation; the rest as healthy.
+    setup.config["loss_type"] = "dr_grpo"
+
+
+def _healthy_two_iterations(setup: Setup) -> None:
+    # Each generation batch serves two updates (GRPO's mu = 2): the second is off-policy, so the
+    # clip ratio and the importance ratios move, as they do in most recipes with mu > 1.
+    setup.config["num_iterations"] = 2
+
+
+def _frozen_late(setup: Setup) -> int:
+    def freeze(model) -> None:
+        # A run that stops training halfway: every parameter frozen (backward still runs through
+        # the inputs, as under PEFT with gradient checkpointing), so the optimizer steps over nothing.
+        model.requires_grad_(False)
+        model.enable_input_require_grads()
+
+    at = _at(setup, 0.5)
+    setup.callbacks.append(step_flag_callback(at, freeze))
+    return at
+
+
+def _reward_zero_late(setup: Setup) -> int:
+    broken = {"now": False}
+
+    # functools.wraps keeps the checker's name, which TRL logs the reward under.
+    @functools.wraps(accuracy_reward)
+    def breaks_halfway(prompts, completions, **kw) -> list[float]:
+        # A checker that breaks halfway (a reward service answering its default): 0.0 from then on.
+        if broken["now"]:
+            return [0.0 for _c in completions]
+        return accuracy_reward(prompts, completions, **kw)
+
+    at = _at(setup, 0.5)
+    setup.reward_funcs = [breaks_halfway, format_reward]
+    setup.callbacks.append(step_flag_callback(at, lambda _model: broken.update(now=True)))
+    return at
+
+
 @dataclass(frozen=True)
 class RunKind:
     label: str  # the fault class (SPEC §3)
@@ -341,6 +410,18 @@ RUNS: dict[str, RunKind] = {
     "format_zero": RunKind("reward_fault", "format_reward returns 0.0 for every completion", _format_zero),
     "nan_grad_late": RunKind("gradient_overflow", "NaN output-layer gradient at step round(0.9 x steps)",
                              _nan_grad_at(0.9)),
+    # Batch 4: frozen after the rules written on batch 3, before its own first scoring; faults that
+    # start halfway as well as from step 0, and healthy runs under TRL's other loss settings.
+    "healthy_dr_grpo": RunKind("healthy", "nothing injected; GRPOConfig.loss_type dr_grpo", _healthy_dr_grpo),
+    "healthy_two_iterations": RunKind("healthy", "nothing injected; GRPOConfig.num_iterations 2",
+                                      _healthy_two_iterations),
+    "frozen_late": RunKind("actor_update_omission", "every parameter frozen at step round(0.5 x steps)",
+                           _frozen_late),
+    "reward_zero_late": RunKind("reward_fault", "accuracy_reward returns 0.0 from step round(0.5 x steps)",
+                                _reward_zero_late),
+    "inf_grad_mid": RunKind("gradient_overflow", "+inf output-layer gradient at step round(0.5 x steps)",
+                            _nan_grad_at(0.5, float("inf"))),
+    "lr_x30": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x30", _lr_times(30)),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -353,6 +434,8 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
           ROOT / "benchmarks" / "results" / "trl_runs_2", 20, True),
     "3": (("healthy_cosine", "healthy_beta0_seed", "lr_x300_warmup", "lr_x1000_beta0", "format_zero", "nan_grad_late"),
           ROOT / "benchmarks" / "results" / "trl_runs_3", 40, True),
+    "4": (("healthy_dr_grpo", "healthy_two_iterations", "frozen_late", "reward_zero_late", "inf_grad_mid", "lr_x30"),
+          ROOT / "benchmarks" / "results" / "trl_runs_4", 60, True),
 }
 
 

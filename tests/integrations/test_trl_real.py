@@ -128,6 +128,46 @@ def test_batch_2s_faults_reach_the_trace_with_the_runs_config(sqlite_live_server
     assert all(s["values"]["learning_rate"] == 0.0 for s in frozen["trace"]["steps"])
 
 
+def test_batch_4s_halfway_faults_start_at_their_step(sqlite_live_server, tiny_checkpoint, tmp_path):
+    """Batch 4's faults that start halfway, on the tiny checkpoint for 3 steps (halfway: step 2):
+    the parameters freeze (a gradient before, none after), a +inf gradient is stored as such."""
+    frozen = _run("frozen_late", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert frozen["ended"] == "finished" and frozen["onset"] == 2
+    norms = [s["values"]["grad_norm"] for s in frozen["trace"]["steps"]]
+    assert norms[0] > 0 and norms[1:] == [0.0, 0.0]
+
+    inf = _run("inf_grad_mid", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert inf["label"] == "gradient_overflow" and inf["onset"] == 2
+    steps = inf["trace"]["steps"]
+    assert math.isfinite(steps[0]["values"]["grad_norm"])
+    assert steps[1]["values"]["grad_norm"] in ("Infinity", "NaN")  # stored, not dropped
+
+
+def test_a_reward_that_breaks_halfway_scores_until_its_step_then_zero():
+    """The accuracy checker of ``reward_zero_late`` keeps its name (TRL logs the reward under it)
+    and scores as the healthy one until the step its callback marks, then 0.0 for everything."""
+    from moeproxy.reproduction.formats import get_format
+    from moeproxy.reproduction.tasks import format_prompt, make_split
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["reward_zero_late"].apply(setup) == 100
+    checker, (flag,) = setup.reward_funcs[0], setup.callbacks
+    assert checker.__name__ == "accuracy_reward"
+    ex = make_split("train", 1, seed=0)[0]
+    kw = {"task": [ex.task], "answer": [ex.answer]}
+    prompts, completions = [format_prompt(ex)], [get_format("reasoning").target(ex)]  # the right answer
+    assert checker(prompts, completions, **kw) == trl_runs.accuracy_reward(prompts, completions, **kw) == [1.0]
+
+    class State:
+        global_step = 98
+
+    flag.on_step_begin(None, State, None)  # step 99 begins: not yet
+    assert checker(prompts, completions, **kw) == [1.0]
+    State.global_step = 99  # step 100 begins
+    flag.on_step_begin(None, State, None)
+    assert checker(prompts, completions, **kw) == [0.0]
+
+
 def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys):
     keys, out, first, own = trl_runs.BATCHES["2"]
     assert own and out.name == "trl_runs_2" and len(set(keys)) == len(keys)
@@ -135,6 +175,9 @@ def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys)
     third, out3, first3, _ = trl_runs.BATCHES["3"]
     assert out3.name == "trl_runs_3" and first3 > first + len(keys) - 1  # seeds of its own
     assert not set(third) & (set(keys) | set(trl_runs.BATCHES["1"][0]))
+    fourth, out4, first4, _ = trl_runs.BATCHES["4"]
+    assert out4.name == "trl_runs_4" and first4 > first3 + len(third) - 1
+    assert not set(fourth) & (set(third) | set(keys) | set(trl_runs.BATCHES["1"][0]))
     for key in keys:  # all done: nothing is started
         (tmp_path / f"{key}.json").write_text('{"name": "x", "framework": "trl", "steps": []}')
     assert trl_runs.main(["--batch", "2", "--out", str(tmp_path)]) == 0
