@@ -81,6 +81,11 @@ class Weights:
     #   (mass * fingerprint score + sum of the weights of the findings supporting it)
     #   / (mass + the same + the weights of the findings against it)
     evidence_mass: float = 4.0  # what the fingerprint comparison weighs against the findings
+    # A finding of at least this weight states the class's definition (SPEC section 3: a NaN
+    # gradient norm is an overflow, a gradient of exactly 0 no update); where one names a class
+    # alone and nothing counts against it, the class is ``strong`` whatever its score. None: only
+    # the calibrated threshold makes a class strong.
+    definitional_weight: float | None = 4.0
     finding_weights: Mapping[str, float] = field(default_factory=lambda: dict(FINDING_WEIGHTS))
     finding_default: float = 1.0  # a rule without an entry in finding_weights
     flat_only_finding_weight: float = 2.0  # a flat-only fingerprint counts beside a finding for its
@@ -283,9 +288,10 @@ TIE_DIGITS = 9
 
 
 def ranked(candidates: Iterable[Candidate], findings: Sequence[Finding]) -> tuple[Candidate, ...]:
-    """Best score first; equal scores in the order the supporting findings list their classes."""
-    return tuple(sorted(candidates, key=lambda c: (-round(c.score, TIE_DIGITS), tie_rank(c.fault_class, findings),
-                                                   c.fault_class)))
+    """Strong before weak (a class strong by definition can score under a weak one), then best score
+    first; equal scores in the order the supporting findings list their classes."""
+    return tuple(sorted(candidates, key=lambda c: (c.strength != "strong", -round(c.score, TIE_DIGITS),
+                                                   tie_rank(c.fault_class, findings), c.fault_class)))
 
 
 def tie_rank(fault_class: str, findings: Iterable[Finding]) -> float:
@@ -328,6 +334,17 @@ def library_metrics(library: FingerprintLibrary) -> frozenset[str]:
     if "all" not in cache:
         cache["all"] = frozenset(m for fp in library.fingerprints for m in fp.metrics) - CONTROL_METRICS
     return cache["all"]
+
+
+def by_definition(fault_class: str, findings: Sequence[Finding], w: Weights = WEIGHTS) -> Finding | None:
+    """The finding that establishes ``fault_class`` by its definition: one of at least
+    ``definitional_weight`` that supports this class alone, with no finding of the run against the
+    class. On campaign v2's 189 runs (three views) and every evaluation set such findings fire only
+    on runs of the class they name (docs/signatures.md, "Strong by definition")."""
+    if w.definitional_weight is None or any(fault_class in f.against for f in findings):
+        return None
+    return next((f for f in findings if f.supports == (fault_class,)
+                 and w.finding_weights.get(f.rule, w.finding_default) >= w.definitional_weight), None)
 
 
 def with_findings(score: float, fault_class: str, findings: Iterable[Finding], w: Weights = WEIGHTS) -> float:
@@ -613,9 +630,13 @@ def _candidate(sig: RunSignature, s: FingerprintScore, threshold: float, weights
     fp = s.fingerprint
     mine = tuple(f for f in findings if fp.fault_class in f.supports or fp.fault_class in f.against)
     score = with_findings(s.score, fp.fault_class, mine, weights) if mine else s.score
-    strength = "strong" if score >= threshold else "weak"
+    defining = by_definition(fp.fault_class, mine, weights)
+    strength = "strong" if score >= threshold or defining else "weak"
     onset_step = None if s.onset_index is None else int(sig.steps[s.onset_index])
     lines = [f.text if fp.fault_class in f.supports else f"against {fp.fault_class}: {f.text}" for f in mine]
+    if defining and score < threshold:
+        lines.append(f"strong by definition: {defining.rule} is what {fp.fault_class} means, and nothing in the run "
+                     f"counts against it (its score, {score:.2f}, is under this view's strong threshold {threshold:.2f})")
     return Candidate(fp.fault_class, fp.family, score, strength, tuple(lines + evidence(sig, s, weights=weights)),
                      fp.id, onset_step, s.matches, s.score if mine else None, mine)
 

@@ -25,7 +25,8 @@ from .conftest import CLASSES
 #: The weights of the whole-run findings (applied by matching.with_findings, tested below).
 FINDING_FIELDS = ("evidence_mass", "finding_weights", "finding_default")
 #: Read by triage, not by score_fingerprint (tests/signatures/test_flat_only.py moves it).
-TRIAGE_FIELDS = ("flat_only_finding_weight", "flat_in_view", "above_twins", "needs_primary")  # read by triage (tested there)
+TRIAGE_FIELDS = ("flat_only_finding_weight", "flat_in_view", "above_twins", "needs_primary",
+                 "definitional_weight")  # read by triage (tested there and in test_strong_by_definition.py)
 PART_WEIGHTS = ("direction_affected", "direction_unaffected", "surprise_change", "shape",
                 "timing", "nonfinite", "freeze", "magnitude", "trend", "volatility", "direction_flat_affected")
 
