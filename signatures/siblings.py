@@ -374,7 +374,10 @@ def _tied_group(candidates: Sequence[Candidate], margin: float) -> list[Candidat
     if not candidates:
         return []
     top = candidates[0]
-    close = [c for c in candidates[1:] if c.fault_class != HEALTHY and top.score - c.score <= margin + 1e-12]
+    # Within the margin under the top. One that scores above it ranks under it only because the top
+    # is strong by definition (matching.by_definition): that order is a definition, not noise.
+    close = [c for c in candidates[1:]
+             if c.fault_class != HEALTHY and 0.0 <= top.score - c.score <= margin + 1e-12]
     if top.fault_class == HEALTHY:
         if not close:
             return [top]

@@ -89,6 +89,18 @@ def test_a_gap_beyond_the_margin_is_no_tie():
     assert len(note.classes) == 3
 
 
+def test_a_class_strong_by_definition_is_in_no_tie_with_one_that_scores_above_it():
+    """matching.ranked puts a class strong by definition before a weak one that scores more: that
+    order is the definition's, not noise; one under it within the margin is still its sibling."""
+    from dataclasses import replace
+
+    precision, noise, stale = demo_like()[:3]
+    defined = replace(stale, strength="strong")  # 0.60, ranked first for its strength
+    assert sibling_notes([defined, precision, noise]) == ()  # both score above it
+    (note,) = sibling_notes([defined, replace(noise, score=0.57)])
+    assert note.classes == ("stale_weight_sync", "operator_numeric_noise")
+
+
 def test_close_scores_on_other_evidence_are_no_tie():
     candidates = [
         candidate("rollout_logp_precision", 0.64, *(agree(m) for m in MISMATCH)),
