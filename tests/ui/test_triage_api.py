@@ -239,6 +239,31 @@ def test_a_trl_run_whose_config_has_a_negative_beta_is_named_a_kl_misconfigurati
     assert plain["candidates"][0]["fault_class"] != "kl_misconfiguration" and "below 0" not in page
 
 
+def test_a_real_trl_run_with_an_inf_gradient_is_strong_by_definition_on_the_page(shipped_client, auth):
+    """A real TRL run whose gradient norm turns +inf (trl_runs_4): the finding defines
+    gradient_overflow, so the verdict is strong though the score is under the TRL view's threshold,
+    and the page says why next to the threshold."""
+    import html
+    import json
+    from pathlib import Path
+
+    body = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "trl_runs_4"
+                       / "inf_grad_mid.json").read_text())
+    created = shipped_client.post("/api/v1/runs", json={"name": "inf-grad", "framework": "trl",
+                                                        "config": body["config"]}, headers=auth())
+    run_id = created.json()["id"]
+    assert shipped_client.post(f"/api/v1/runs/{run_id}/metrics", json={"steps": body["steps"]},
+                               headers=auth()).status_code == 200
+    triaged = shipped_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()
+    top = triaged["candidates"][0]
+    assert (top["fault_class"], top["strength"]) == ("gradient_overflow", "strong")
+    assert top["score"] < triaged["details"]["strong_threshold"]
+    assert triaged["verdict"].startswith("likely gradient_overflow")
+    page = html.unescape(shipped_client.get(f"/runs/{run_id}").text)
+    assert "strong by definition: nonfinite is what gradient_overflow means" in page
+    assert "or a finding that defines the class with nothing against it" in page
+
+
 def test_a_finding_against_a_class_names_it_on_the_run_page(ui_client, auth):
     """mismatch_grows supports no class and counts against rollout_logp_precision: the page says
     so after the finding instead of an arrow to nothing."""
