@@ -171,12 +171,21 @@ def _healthy_warmup(setup: Setup) -> None:
     setup.config.update(lr_scheduler_type="cosine", warmup_steps=0.1, seed=setup.config["seed"] + 1)
 
 
-def _reward_zero(setup: Setup) -> int:
-    def accuracy_reward(prompts, completions, **_) -> list[float]:
-        # A parser that never matches (it looks for a tag the model never writes): always 0.0.
-        return [0.0 for _c in completions]
+def constant_reward(name: str, value: float) -> Callable[..., list[float]]:
+    """A reward function that TRL logs as ``name`` (it logs a reward under its function's
+    ``__name__``) and that gives every completion ``value``: a parser that never matches, a reward
+    service answering its default."""
 
-    setup.reward_funcs = [accuracy_reward, format_reward]
+    def reward(prompts, completions, **_) -> list[float]:
+        return [value for _c in completions]
+
+    reward.__name__ = reward.__qualname__ = name
+    return reward
+
+
+def _reward_zero(setup: Setup) -> int:
+    # An accuracy parser that never matches (it looks for a tag the model never writes): always 0.0.
+    setup.reward_funcs = [constant_reward("accuracy_reward", 0.0), format_reward]
     return 0
 
 
@@ -272,14 +281,8 @@ def _lr_zero(setup: Setup) -> int:
 
 
 def _reward_constant(setup: Setup) -> int:
-    def accuracy_reward(prompts, completions, **_) -> list[float]:
-        return [1.0 for _c in completions]
-
-    def format_reward(prompts, completions, **_) -> list[float]:
-        return [1.0 for _c in completions]
-
     # Every completion scores the same, so every group ties and every advantage is 0.
-    setup.reward_funcs = [accuracy_reward, format_reward]
+    setup.reward_funcs = [constant_reward("accuracy_reward", 1.0), constant_reward("format_reward", 1.0)]
     return 0
 
 
@@ -318,11 +321,8 @@ def _lr_x1000_beta0(setup: Setup) -> int:
 
 
 def _format_zero(setup: Setup) -> int:
-    def format_reward(prompts, completions, **_) -> list[float]:
-        # A format regex that never matches: this component gives 0.0 to every completion.
-        return [0.0 for _c in completions]
-
-    setup.reward_funcs = [accuracy_reward, format_reward]
+    # A format regex that never matches: this component gives 0.0 to every completion.
+    setup.reward_funcs = [accuracy_reward, constant_reward("format_reward", 0.0)]
     return 0
 
 
