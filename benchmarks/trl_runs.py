@@ -36,7 +36,11 @@ gradient at 90% of the run. Batch 4 (``--batch 4``, ``benchmarks/results/trl_run
 60-65), frozen after the rules written on batch 3 and before its own first scoring: healthy under
 Dr. GRPO's loss and with two updates per generation batch; every parameter frozen halfway
 (``actor_update_omission``), the accuracy reward 0 from halfway (``reward_fault``), a +inf gradient
-halfway; LR ×30.
+halfway; LR ×30. Batch 5 (``--batch 5``, ``benchmarks/results/trl_runs_5``, seeds 80-85), frozen
+after the rules written on batch 4 and before its own first scoring: healthy at ``beta`` 0.1 and
+with rewards scaled per batch; the accuracy reward with its sign flipped; the LR schedule ×100 from
+halfway; ``beta`` -0.01; every optimizer update dropped from halfway after the gradient norm was
+logged (``actor_update_omission`` with a normal-looking norm).
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -240,19 +244,24 @@ def _nan_grad_at(share: float, value: float = float("nan")) -> Callable[[Setup],
     return apply
 
 
-def step_flag_callback(at_step: int, act: Callable[[Any], None]):
-    """A ``TrainerCallback`` that calls ``act(model)`` once, as step ``at_step`` (1-based) begins:
-    a fault that starts in the middle of a run."""
+def step_flag_callback(at_step: int, act: Callable[..., None]):
+    """A ``TrainerCallback`` that calls ``act`` once, as step ``at_step`` (1-based) begins, with
+    what it names of ``model``, ``optimizer`` and ``lr_scheduler``: a fault that starts in the middle
+    of a run."""
+    import inspect
+
     from transformers import TrainerCallback
+
+    wants = set(inspect.signature(act).parameters)
 
     class AtStep(TrainerCallback):
         def __init__(self):
             self.done = False
 
-        def on_step_begin(self, args, state, control, model=None, **kwargs):
+        def on_step_begin(self, args, state, control, **kwargs):
             if state.global_step + 1 == at_step and not self.done:
                 self.done = True
-                act(model)
+                act(**{k: v for k, v in kwargs.items() if k in wants})
 
     return AtStep()
 
@@ -362,7 +371,64 @@ def _reward_zero_late(setup: Setup) -> int:
 
     at = _at(setup, 0.5)
     setup.reward_funcs = [breaks_halfway, format_reward]
-    setup.callbacks.append(step_flag_callback(at, lambda _model: broken.update(now=True)))
+    setup.callbacks.append(step_flag_callback(at, lambda: broken.update(now=True)))
+    return at
+
+
+def _healthy_beta_high(setup: Setup) -> None:
+    setup.config["beta"] = 0.1  # a tighter hold on the reference than the healthy run's
+
+
+def _healthy_scale_batch(setup: Setup) -> None:
+    # Rewards scaled by the batch's standard deviation instead of each group's (TRL's "batch").
+    setup.config["scale_rewards"] = "batch"
+
+
+def _reward_sign_flip(setup: Setup) -> int:
+    @functools.wraps(accuracy_reward)
+    def flipped(prompts, completions, **kw) -> list[float]:
+        # A sign error in the checker: a right answer costs what it should earn.
+        return [-r for r in accuracy_reward(prompts, completions, **kw)]
+
+    setup.reward_funcs = [flipped, format_reward]
+    return 0
+
+
+def _lr_x100_late(setup: Setup) -> int:
+    def raise_lr(optimizer, lr_scheduler) -> None:
+        # A resumed run whose LR override multiplies the schedule: every later step at x100.
+        for group in optimizer.param_groups:
+            group["lr"] *= 100
+        lr_scheduler.base_lrs = [b * 100 for b in lr_scheduler.base_lrs]
+
+    at = _at(setup, 0.5)
+    setup.callbacks.append(step_flag_callback(at, raise_lr))
+    return at
+
+
+def _negative_beta_small(setup: Setup) -> int:
+    setup.config["beta"] = -0.01
+    return 0
+
+
+def update_dropped_callback(from_step: int):
+    """A ``TrainerCallback`` that drops every optimizer update from step ``from_step`` (1-based)
+    after the gradient norm was measured and logged: the gradients are cleared before
+    ``optimizer.step()``, so the log shows a normal gradient norm and the policy never moves (an
+    optimizer wrapper that skips its step, a sharded update that never reaches the weights)."""
+    from transformers import TrainerCallback
+
+    class DropUpdates(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+            if state.global_step + 1 >= from_step:
+                optimizer.zero_grad(set_to_none=True)  # AdamW skips a parameter without a gradient
+
+    return DropUpdates()
+
+
+def _update_dropped_late(setup: Setup) -> int:
+    at = _at(setup, 0.5)
+    setup.callbacks.append(update_dropped_callback(at))
     return at
 
 
@@ -422,6 +488,17 @@ RUNS: dict[str, RunKind] = {
     "inf_grad_mid": RunKind("gradient_overflow", "+inf output-layer gradient at step round(0.5 x steps)",
                             _nan_grad_at(0.5, float("inf"))),
     "lr_x30": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x30", _lr_times(30)),
+    # Batch 5: frozen after the rules written on batch 4, before its own first scoring.
+    "healthy_beta_high": RunKind("healthy", "nothing injected; GRPOConfig.beta 0.1", _healthy_beta_high),
+    "healthy_scale_batch": RunKind("healthy", "nothing injected; GRPOConfig.scale_rewards 'batch'",
+                                   _healthy_scale_batch),
+    "reward_sign_flip": RunKind("reward_fault", "accuracy_reward with its sign flipped", _reward_sign_flip),
+    "lr_x100_late": RunKind("lr_misconfiguration", "the LR schedule x100 from step round(0.5 x steps)",
+                            _lr_x100_late),
+    "negative_beta_small": RunKind("kl_misconfiguration", "GRPOConfig.beta -0.01", _negative_beta_small),
+    "update_dropped_late": RunKind("actor_update_omission",
+                                   "gradients cleared after the logged norm, before every optimizer step from "
+                                   "step round(0.5 x steps)", _update_dropped_late),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -436,6 +513,9 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
           ROOT / "benchmarks" / "results" / "trl_runs_3", 40, True),
     "4": (("healthy_dr_grpo", "healthy_two_iterations", "frozen_late", "reward_zero_late", "inf_grad_mid", "lr_x30"),
           ROOT / "benchmarks" / "results" / "trl_runs_4", 60, True),
+    "5": (("healthy_beta_high", "healthy_scale_batch", "reward_sign_flip", "lr_x100_late", "negative_beta_small",
+           "update_dropped_late"),
+          ROOT / "benchmarks" / "results" / "trl_runs_5", 80, True),
 }
 
 

@@ -168,6 +168,56 @@ def test_a_reward_that_breaks_halfway_scores_until_its_step_then_zero():
     assert checker(prompts, completions, **kw) == [0.0]
 
 
+def _state(step: int):
+    """What a TrainerCallback reads of the trainer's state as 1-based step ``step`` begins."""
+
+    class State:
+        global_step = step - 1
+
+    return State
+
+
+def test_batch_5s_mid_run_faults_act_on_a_real_optimizer():
+    """Batch 5's faults through a real AdamW and LambdaLR: the LR schedule x100 from its step on,
+    every update dropped from its step on after the gradient exists, the accuracy sign flipped."""
+    import torch
+    from moeproxy.reproduction.formats import get_format
+    from moeproxy.reproduction.tasks import format_prompt, make_split
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / 200)
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["lr_x100_late"].apply(setup) == 100
+    (raise_lr,) = setup.callbacks
+    raise_lr.on_step_begin(None, _state(99), None, model=model, optimizer=opt, lr_scheduler=sched)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)  # step 99: not yet
+    raise_lr.on_step_begin(None, _state(100), None, model=model, optimizer=opt, lr_scheduler=sched)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    sched.step()  # the schedule goes on from the raised base
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * (1.0 - 1 / 200))
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["update_dropped_late"].apply(setup) == 100
+    (drop,) = setup.callbacks
+    for step, moves in ((99, True), (100, False), (101, False)):
+        before = model.weight.detach().clone()
+        model(torch.ones(2, 4)).sum().backward()
+        drop.on_pre_optimizer_step(None, _state(step), None, optimizer=opt)
+        opt.step()
+        opt.zero_grad()
+        assert (not torch.equal(before, model.weight)) == moves, step
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["reward_sign_flip"].apply(setup) == 0
+    flipped = setup.reward_funcs[0]
+    ex = make_split("train", 1, seed=0)[0]
+    kw = {"task": [ex.task], "answer": [ex.answer]}
+    assert flipped.__name__ == "accuracy_reward"
+    assert flipped([format_prompt(ex)], [get_format("reasoning").target(ex)], **kw) == [-1.0]
+
+
 def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys):
     keys, out, first, own = trl_runs.BATCHES["2"]
     assert own and out.name == "trl_runs_2" and len(set(keys)) == len(keys)
@@ -178,6 +228,9 @@ def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys)
     fourth, out4, first4, _ = trl_runs.BATCHES["4"]
     assert out4.name == "trl_runs_4" and first4 > first3 + len(third) - 1
     assert not set(fourth) & (set(third) | set(keys) | set(trl_runs.BATCHES["1"][0]))
+    fifth, out5, first5, _ = trl_runs.BATCHES["5"]
+    assert out5.name == "trl_runs_5" and first5 > first4 + len(fourth) - 1
+    assert not set(fifth) & (set(fourth) | set(third) | set(keys) | set(trl_runs.BATCHES["1"][0]))
     for key in keys:  # all done: nothing is started
         (tmp_path / f"{key}.json").write_text('{"name": "x", "framework": "trl", "steps": []}')
     assert trl_runs.main(["--batch", "2", "--out", str(tmp_path)]) == 0
