@@ -661,10 +661,10 @@ def _reward_stuck(run: CanonicalRun) -> list[Finding]:
     """The reward mean drops to one exact value and holds it to the end, while the policy shows no
     sign of breaking (no KL running away, no entropy collapse or explosion over the run or across the
     fall, no NaN): every completion now scores the same, so every GRPO advantage is 0, and the
-    policy did not cause it. That is the
-    reward function (a parser that stopped matching, a reward service returning a default). A
-    collapsed policy also scores a constant 0, but its KL or entropy says so first (an LR x100);
-    a reward held at the best value it ever reached is a saturated task, not a fault."""
+    policy did not cause it. That is the reward function (a parser that stopped matching, a reward
+    service returning a default). A collapsed policy also scores a constant 0, but its KL or
+    entropy says so first (an LR x100); a reward held at the best value it ever reached is a
+    saturated task, not a fault."""
     got = _values(run, "reward_mean", 2 * REWARD_STUCK_STEPS)
     if got is None:
         return []
