@@ -40,7 +40,14 @@ halfway; LR ×30. Batch 5 (``--batch 5``, ``benchmarks/results/trl_runs_5``, see
 after the rules written on batch 4 and before its own first scoring: healthy at ``beta`` 0.1 and
 with rewards scaled per batch; the accuracy reward with its sign flipped; the LR schedule ×100 from
 halfway; ``beta`` -0.01; every optimizer update dropped from halfway after the gradient norm was
-logged (``actor_update_omission`` with a normal-looking norm).
+logged (``actor_update_omission`` with a normal-looking norm). Batch 6 (``--batch 6``,
+``benchmarks/results/trl_runs_6``, seeds 100-105), frozen after batch 5 (no rule was written on it)
+and before its own first scoring: healthy at ``temperature`` 0.7 and with DAPO's clip-higher
+(``epsilon_high`` 0.28); the policy's MoE routers noised at their own scale halfway, and a quarter
+of their rows re-initialised at a quarter of the run (``router_corruption``: TRL logs no routing
+metric but the load-balancing ``aux_loss``); the accuracy checked against another prompt's answer
+(``reward_fault``); a warm-up 100x the run, so the LR never passes 1% of its value
+(``actor_update_omission``).
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -432,6 +439,78 @@ def _update_dropped_late(setup: Setup) -> int:
     return at
 
 
+def _healthy_temperature(setup: Setup) -> None:
+    setup.config["temperature"] = 0.7  # sharper sampling than TRL's default 1.0
+
+
+def _healthy_clip_higher(setup: Setup) -> None:
+    # DAPO's clip-higher (arXiv:2503.14476): a wider upper clip range, 0.28 against 0.2 below.
+    setup.config["epsilon_high"] = 0.28
+
+
+def router_gates(model) -> list:
+    """Every MoE layer's router weight (``mlp.gate.weight``: experts x hidden)."""
+    gates = [m.mlp.gate.weight for m in model.model.layers if hasattr(getattr(m, "mlp", None), "gate")]
+    if not gates:
+        raise RuntimeError("the policy has no MoE router (mlp.gate) to corrupt")
+    return gates
+
+
+def _router_noise_mid(setup: Setup) -> int:
+    def noise(model) -> None:
+        # Router weights damaged in place (a bad checkpoint merge, a broken transfer): Gaussian
+        # noise at the scale of each router's own weights, seeded so the run repeats.
+        import torch
+
+        gen = torch.Generator().manual_seed(setup.config["seed"])
+        with torch.no_grad():
+            for w in router_gates(model):
+                w.add_(torch.randn(w.shape, generator=gen).to(w.dtype) * w.std())
+
+    at = _at(setup, 0.5)
+    setup.callbacks.append(step_flag_callback(at, noise))
+    return at
+
+
+def _router_reinit_quarter(setup: Setup) -> int:
+    def reinit(model) -> None:
+        # A quarter of every router's rows re-initialised (an expert-parallel reshard that loads
+        # those experts' gate rows from the initialiser instead of the checkpoint).
+        import torch
+
+        gen = torch.Generator().manual_seed(setup.config["seed"])
+        std = model.config.initializer_range
+        with torch.no_grad():
+            for w in router_gates(model):
+                rows = torch.randperm(w.shape[0], generator=gen)[: w.shape[0] // 4]
+                w[rows] = (torch.randn((rows.numel(), w.shape[1]), generator=gen) * std).to(w.dtype)
+
+    at = _at(setup, 0.25)
+    setup.callbacks.append(step_flag_callback(at, reinit))
+    return at
+
+
+def _reward_shuffled(setup: Setup) -> int:
+    @functools.wraps(accuracy_reward)
+    def shuffled(prompts, completions, task, answer, **kw) -> list[float]:
+        # Answers joined to the wrong rows (a dataset column misaligned): each completion is checked
+        # against another prompt's answer. TRL passes a batch's completions grouped by prompt, so
+        # half a batch on (4 of 8: one prompt's group) is always another prompt.
+        half = len(answer) // 2
+        rotated = list(answer[half:]) + list(answer[:half])
+        return accuracy_reward(prompts, completions, task, rotated, **kw)
+
+    setup.reward_funcs = [shuffled, format_reward]
+    return 0
+
+
+def _warmup_never_ends(setup: Setup) -> int:
+    # Warm-up given in samples where steps were meant: 100x the run, so the LR climbs from 0 to
+    # 1% of its value and the policy barely moves (the LR is logged at every step).
+    setup.config["warmup_steps"] = 100 * setup.steps
+    return 0
+
+
 @dataclass(frozen=True)
 class RunKind:
     label: str  # the fault class (SPEC §3)
@@ -499,6 +578,19 @@ RUNS: dict[str, RunKind] = {
     "update_dropped_late": RunKind("actor_update_omission",
                                    "gradients cleared after the logged norm, before every optimizer step from "
                                    "step round(0.5 x steps)", _update_dropped_late),
+    # Batch 6: frozen after batch 5 (no rule was written on it), before its own first scoring; the
+    # first router faults of the real runs, through the policy's own MoE routers.
+    "healthy_temperature": RunKind("healthy", "nothing injected; GRPOConfig.temperature 0.7", _healthy_temperature),
+    "healthy_clip_higher": RunKind("healthy", "nothing injected; GRPOConfig.epsilon_high 0.28 (DAPO)",
+                                   _healthy_clip_higher),
+    "router_noise_mid": RunKind("router_corruption", "Gaussian noise at each router's own scale added to every "
+                                "mlp.gate.weight at step round(0.5 x steps)", _router_noise_mid),
+    "router_reinit_quarter": RunKind("router_corruption", "a quarter of every router's rows re-initialised at "
+                                     "step round(0.25 x steps)", _router_reinit_quarter),
+    "reward_shuffled": RunKind("reward_fault", "accuracy_reward checks each completion against another prompt's "
+                               "answer", _reward_shuffled),
+    "warmup_never_ends": RunKind("actor_update_omission", "GRPOConfig.warmup_steps 100 x steps: the LR stays "
+                                 "under 1% of its value", _warmup_never_ends),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -516,6 +608,9 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "5": (("healthy_beta_high", "healthy_scale_batch", "reward_sign_flip", "lr_x100_late", "negative_beta_small",
            "update_dropped_late"),
           ROOT / "benchmarks" / "results" / "trl_runs_5", 80, True),
+    "6": (("healthy_temperature", "healthy_clip_higher", "router_noise_mid", "router_reinit_quarter", "reward_shuffled",
+           "warmup_never_ends"),
+          ROOT / "benchmarks" / "results" / "trl_runs_6", 100, True),
 }
 
 

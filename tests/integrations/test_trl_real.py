@@ -218,19 +218,65 @@ def test_batch_5s_mid_run_faults_act_on_a_real_optimizer():
     assert flipped([format_prompt(ex)], [get_format("reasoning").target(ex)], **kw) == [-1.0]
 
 
+def test_batch_6s_faults_damage_the_routers_and_the_reward_they_name(tiny_checkpoint):
+    """Batch 6 on a real tiny Qwen3-MoE: the router noise and the row re-initialisation change every
+    MoE layer's gate (the noise every row, the re-initialisation a quarter of the rows, to the
+    initialiser's scale) and nothing else, at their step only; the shuffled checker scores a right
+    answer 0 when the other prompt's answer differs; the endless warm-up is a config edit."""
+    import torch
+    from moeproxy.reproduction.formats import get_format
+    from moeproxy.reproduction.tasks import format_prompt, make_split
+    from transformers import AutoModelForCausalLM
+
+    for key, at, changed_rows in (("router_noise_mid", 100, 1.0), ("router_reinit_quarter", 50, 0.25)):
+        model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        setup = trl_runs.Setup(model=None, steps=200, config={"seed": 7})
+        assert trl_runs.RUNS[key].apply(setup) == at
+        (act,) = setup.callbacks
+        act.on_step_begin(None, _state(at - 1), None, model=model)
+        assert all(torch.equal(before[n], p) for n, p in model.named_parameters()), key  # not yet
+        act.on_step_begin(None, _state(at), None, model=model)
+        gates = [n for n in before if n.endswith("mlp.gate.weight")]
+        assert gates and len(gates) == model.config.num_hidden_layers
+        for n, p in model.named_parameters():
+            if n not in gates:
+                assert torch.equal(before[n], p), (key, n)
+                continue
+            rows = (before[n] != p).any(dim=1).float().mean().item()
+            assert rows == pytest.approx(changed_rows, abs=1 / p.shape[0]), (key, n)
+        if key == "router_reinit_quarter":
+            new = torch.cat([p[(before[n] != p).any(dim=1)] for n, p in model.named_parameters() if n in gates])
+            assert new.std().item() == pytest.approx(model.config.initializer_range, rel=0.2)
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["reward_shuffled"].apply(setup) == 0
+    checker = setup.reward_funcs[0]
+    assert checker.__name__ == "accuracy_reward"
+    a, b = next((a, b) for a, b in zip(make_split("train", 40, seed=0), make_split("train", 40, seed=0)[1:],
+                                          strict=False) if a.answer != b.answer)
+    prompts = [format_prompt(a)] * 4 + [format_prompt(b)] * 4
+    completions = [get_format("reasoning").target(a)] * 4 + [get_format("reasoning").target(b)] * 4
+    kw = {"task": [a.task] * 4 + [b.task] * 4, "answer": [a.answer] * 4 + [b.answer] * 4}
+    assert trl_runs.accuracy_reward(prompts, completions, **kw) == [1.0] * 8
+    assert checker(prompts, completions, **kw) == [0.0] * 8
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["warmup_never_ends"].apply(setup) == 0 and setup.config["warmup_steps"] == 20_000
+
+
 def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys):
-    keys, out, first, own = trl_runs.BATCHES["2"]
+    keys, out, _first, own = trl_runs.BATCHES["2"]
     assert own and out.name == "trl_runs_2" and len(set(keys)) == len(keys)
-    assert not set(keys) & set(trl_runs.BATCHES["1"][0])
-    third, out3, first3, _ = trl_runs.BATCHES["3"]
-    assert out3.name == "trl_runs_3" and first3 > first + len(keys) - 1  # seeds of its own
-    assert not set(third) & (set(keys) | set(trl_runs.BATCHES["1"][0]))
-    fourth, out4, first4, _ = trl_runs.BATCHES["4"]
-    assert out4.name == "trl_runs_4" and first4 > first3 + len(third) - 1
-    assert not set(fourth) & (set(third) | set(keys) | set(trl_runs.BATCHES["1"][0]))
-    fifth, out5, first5, _ = trl_runs.BATCHES["5"]
-    assert out5.name == "trl_runs_5" and first5 > first4 + len(fourth) - 1
-    assert not set(fifth) & (set(fourth) | set(third) | set(keys) | set(trl_runs.BATCHES["1"][0]))
+    # Every later batch: runs of its own, in a directory of its own, on seeds after the last batch's.
+    seen, last_seed = set(trl_runs.BATCHES["1"][0]), -1
+    for batch in sorted(trl_runs.BATCHES, key=int):
+        runs, where, first_seed, _ = trl_runs.BATCHES[batch]
+        if batch != "1":
+            assert where.name == f"trl_runs_{batch}" and first_seed > last_seed, batch
+            assert not set(runs) & seen, batch
+        seen |= set(runs)
+        last_seed = first_seed + len(runs) - 1
     for key in keys:  # all done: nothing is started
         (tmp_path / f"{key}.json").write_text('{"name": "x", "framework": "trl", "steps": []}')
     assert trl_runs.main(["--batch", "2", "--out", str(tmp_path)]) == 0
