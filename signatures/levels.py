@@ -49,6 +49,10 @@ SOURCES: dict[str, str] = {
                   "(or subtracts kl_coef * KL from the reward), OpenRLHF init_kl_coef; a coefficient below 0 "
                   "rewards moving away from the reference (SPEC section 3, kl_misconfiguration: a sign flip)",
     "healthy-dynamics": "SPEC section 3, healthy: reward rising, entropy falling, KL to the reference growing slowly",
+    "weights-outside-optimizer": "SPEC section 3, router_corruption: 'router weights damaged or re-initialised'; "
+                                 "the KL to the reference sums every update since the start (healthy: 'KL grows "
+                                 "slowly'), so a ×30 step in it that no LR change, no gradient spike and no "
+                                 "non-finite value explains is the weights changing outside the optimizer",
     "grpo-advantage": "GRPO's advantage is the reward minus its group's mean (DeepSeekMath, arXiv:2402.03300, "
                       "section 4.1): a group whose rewards all tie has advantage 0 and no gradient; TRL logs the "
                       "share of such groups as frac_reward_zero_std",
@@ -799,6 +803,77 @@ def _kl_runaway(run: CanonicalRun) -> list[Finding]:
                         f"{s.source} median {level:.3g} over the second half, above {KL_EXTREME}: the policy has "
                         "left the reference", "kl-range")]
     return []
+
+
+#: The KL to the reference steps up by this factor across one step (median of the ``KL_JUMP_STEPS``
+#: logged steps from it against the ones before; chosen: a learning run's KL grows by x2-x3 over ten
+#: steps once it is past its start).
+KL_JUMP = 30.0
+KL_JUMP_STEPS = 10
+#: ... never within a run's first logged steps: a KL that starts at 0 grows by orders of magnitude in
+#: every healthy run's first steps (x508 at step 11 in a real healthy TRL run behind a warm-up, x37
+#: at step 21 in one with clip-higher).
+KL_JUMP_SKIP = 25
+#: An LR that changes by more than this across the two windows (a schedule raised mid-run), or a
+#: gradient norm this many times the window's median just before the step, moved the policy through
+#: the optimizer.
+KL_JUMP_LR = 2.0
+KL_JUMP_GRAD = 10.0
+#: The KL after the step must reach a level a policy that moved shows (chosen: the healthy GRPO/PPO
+#: runs of the public reports log 1e-3 to 1e-1, kl-range); a run without updates steps between
+#: round-off values (1e-9 to 1e-7 in the engine's) by any factor.
+KL_JUMP_FLOOR = 1e-3
+
+
+@rule("kl_step_jump")
+def _kl_step_jump(run: CanonicalRun) -> list[Finding]:
+    """The KL to the reference steps up x30 across one step past the run's start, with the LR
+    unchanged, no gradient spike before it and nothing non-finite in the run: the policy moved
+    further in one step than all its updates had moved it before, and the optimizer did not move
+    it. Its weights changed outside the optimizer: a router noised or re-initialised (SPEC section
+    3, router_corruption), as real TRL runs whose MoE routers were damaged mid-run show (trl_runs_6:
+    x123 at the re-initialisation). An LR raised mid-run steps the KL too, and the LR says so."""
+    got = _values(run, "kl", 2 * KL_JUMP_STEPS + KL_JUMP_SKIP)
+    if got is None or _nonfinite(run) or _nonfinite_update_skipped(run):
+        return []
+    # A KL pushed away from the reference by a negative coefficient grows in bursts: the run's
+    # config says why by itself.
+    if _kl_coef_negative(run):
+        return []
+    s, v = got
+    steps = run.steps[s.finite]
+    best: tuple[float, int] | None = None
+    for i in range(max(KL_JUMP_STEPS, KL_JUMP_SKIP), v.size - KL_JUMP_STEPS + 1):
+        before = float(np.median(v[i - KL_JUMP_STEPS:i]))
+        after = float(np.median(v[i:i + KL_JUMP_STEPS]))
+        ratio = after / before if before > 0 else 0.0
+        if (ratio >= KL_JUMP and after >= KL_JUMP_FLOOR and (best is None or ratio > best[0])
+                and not _optimizer_moved(run, steps, i)):
+            best = (ratio, i)
+    if best is None:
+        return []
+    ratio, i = best
+    return [Finding("kl_step_jump", "kl", s.source, ratio, KL_JUMP, ("router_corruption",),
+                    f"{s.source} stepped up ×{ratio:.3g} at step {int(steps[i])} (median of {KL_JUMP_STEPS} steps "
+                    "against the ones before) with the LR unchanged and no gradient spike: the weights changed "
+                    "outside the optimizer, as a damaged or re-initialised router changes them",
+                    "weights-outside-optimizer")]
+
+
+def _optimizer_moved(run: CanonicalRun, steps: np.ndarray, i: int) -> bool:
+    """Across the two windows around the KL's ``i``-th finite value (ten-step medians place the
+    step only to within half a window): the LR changed by more than ``KL_JUMP_LR``, or one gradient
+    norm was ``KL_JUMP_GRAD`` times the windows' median (one huge update)."""
+    lo, hi = steps[i - KL_JUMP_STEPS], steps[min(i + KL_JUMP_STEPS, steps.size) - 1]
+    for metric, too_far in (("lr", lambda w: w.min() > 0 and w.max() / w.min() > KL_JUMP_LR),
+                            ("grad_norm", lambda w: np.median(w) > 0 and w.max() > KL_JUMP_GRAD * np.median(w))):
+        s = run.metrics.get(metric)
+        if s is None:
+            continue
+        w = s.values[s.finite & (run.steps >= lo) & (run.steps <= hi)]
+        if w.size and too_far(w):
+            return True
+    return False
 
 
 #: How still the KL to the reference must be over the whole run to say the policy never moved: its

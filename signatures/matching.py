@@ -121,6 +121,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "sync_sawtooth": 2.0,
     "mismatch_grows": 2.0,
     "importance_ratio_level": 2.0,
+    "kl_step_jump": 2.0,
     "kl_runaway": 1.5,
     "length_pinned": 1.0,
     "entropy_extreme": 1.0,

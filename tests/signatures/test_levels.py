@@ -426,3 +426,48 @@ def test_a_discrepancy_that_keeps_growing_past_verls_level_is_no_precision_fault
     for flat in (shifted, np.full(N, 0.003), 0.003 * np.exp(t / 40.0) / np.exp(N / 40.0)):  # below 0.01 until the end
         assert "mismatch_grows" not in _rules({"critic/score/mean": reward, "training/rollout_probs_diff_mean": flat},
                                               "verl")
+
+
+def _kl_stepping_at(at: int, factor: float, seed: int = 0) -> dict[str, np.ndarray]:
+    """The healthy TRL run with its KL stepped up ``factor``x from index ``at`` on (and holding)."""
+    base = _healthy_trl(seed)
+    kl = base["kl"].copy()
+    kl[at:] *= factor
+    return {**base, "kl": kl}
+
+
+def _jumps(cols) -> list:
+    return [f for f in whole_run_evidence(_run(cols)) if f.rule == "kl_step_jump"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_kl_that_steps_up_mid_run_with_nothing_moving_it_is_a_router_damaged(seed):
+    (found,) = _jumps(_kl_stepping_at(100, 60.0, seed))
+    assert found.supports == ("router_corruption",) and found.against == ("healthy",)
+    # Index 100 is logged step 101; ten-step medians place the step within half a window of it.
+    step = int(found.text.split(" at step ")[1].split()[0])
+    assert found.value >= 30.0 and 96 <= step <= 101
+    assert _jumps(_kl_stepping_at(100, 10.0, seed)) == []  # a step a learning run's KL can take
+
+
+def test_a_kl_step_the_optimizer_explains_is_not_a_damaged_router():
+    stepped = _kl_stepping_at(100, 60.0)
+    lr = stepped["learning_rate"].copy()
+    lr[100:] *= 100  # a schedule raised mid-run (a resumed run's LR override)
+    assert _jumps({**stepped, "learning_rate": lr}) == []
+    grad = stepped["grad_norm"].copy()
+    grad[99] = 50.0  # one huge update just before
+    assert _jumps({**stepped, "grad_norm": grad}) == []
+    nan = stepped["grad_norm"].copy()
+    nan[150] = math.nan
+    assert _jumps({**stepped, "grad_norm": nan}) == []
+
+
+def test_a_kl_growing_from_zero_at_the_start_or_stepping_between_round_off_values_is_no_jump():
+    early = _healthy_trl()
+    kl = early["kl"].copy()
+    kl[:15] = 1e-6  # every healthy run's KL starts at 0 and grows by orders of magnitude first
+    assert _jumps({**early, "kl": kl}) == []
+    quiet = np.full(N, 1e-9)
+    quiet[100:] = 1e-7  # no update: x100 between round-off values
+    assert _jumps({**_healthy_trl(), "kl": quiet}) == []
