@@ -1,14 +1,17 @@
 """What a run's configuration says that its metrics cannot.
 
 A run is created with a ``config`` (SPEC section 4: ``POST /runs``; the TRL callback and the verl
-tracker send the trainer's), and two whole-run rules need facts only that holds:
+tracker send the trainer's), and three whole-run rules need facts only that holds:
 
 * whether the policy trains LoRA adapters. LoRA runs at learning rates 10-128x those of full
   fine-tuning (see ``levels.SOURCES["lora-lr"]``), so an LR that is a misconfiguration for the full
   model is a recipe for its adapters;
 * the coefficient of the KL-to-reference term. A negative one rewards the policy for leaving its
   reference (``levels.SOURCES["kl-penalty"]``), and at a small coefficient the metrics of the first
-  hundreds of steps look like a healthy run's: the config is the only place it shows.
+  hundreds of steps look like a healthy run's: the config is the only place it shows;
+* the policy's learning rate as configured, the value its schedule reaches after the warm-up. A
+  logged LR that never comes near it (a warm-up longer than the run) trains at a fraction of what
+  was set, and the LR alone looks like a warm-up (``levels.SOURCES["config-lr"]``).
 
 :func:`settings_from_config` reads them from the names the frameworks use; a run whose config says
 nothing is read as full fine-tuning with no stated coefficient, as before.
@@ -27,6 +30,7 @@ from typing import Any
 class RunSettings:
     lora: bool = False  # the policy trains low-rank adapters (LoRA/QLoRA), not its own weights
     kl_coef: float | None = None  # the KL-to-reference coefficient the config states (None: none)
+    learning_rate: float | None = None  # the policy's learning rate the config states (None: none)
 
 
 #: What a run whose config says nothing is read as: full fine-tuning.
@@ -45,6 +49,12 @@ PEFT_SECTION_KEYS = frozenset({"peft", "peft_config"})
 #: ``training_args``), verl's ``actor_rollout_ref.actor.kl_loss_coef`` and
 #: ``algorithm.kl_ctrl.kl_coef``, OpenRLHF's ``--init_kl_coef``.
 KL_COEF_KEYS = frozenset({"beta", "kl_loss_coef", "kl_coef", "init_kl_coef"})
+#: The policy's learning rate: transformers' ``TrainingArguments.learning_rate`` (TRL's configs; the
+#: TRL callback sends them under ``training_args``), OpenRLHF's ``--actor_learning_rate``, and verl's
+#: ``lr`` only inside its actor's section (``actor_rollout_ref.actor.optim.lr``; the critic has one too).
+LR_KEYS = frozenset({"learning_rate", "actor_learning_rate"})
+VERL_LR_KEY = "lr"
+VERL_ACTOR_SECTION = "actor"
 #: verl's switches for its two KL terms: a coefficient under a switch set to false is a default
 #: left in the config (``kl_loss_coef: 0.001`` beside ``use_kl_loss: false``), not a term of the loss.
 KL_SWITCHES: dict[str, str] = {"use_kl_loss": "kl_loss_coef", "use_kl_in_reward": "kl_coef"}
@@ -83,12 +93,13 @@ def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
     Where it names several KL coefficients (verl's loss term and its reward penalty), the lowest
     is kept: a negative one is the misconfiguration whichever term it sits in. A coefficient whose
     term the config switches off (:data:`KL_SWITCHES`, in its section or one above) is not read."""
-    stack: list[tuple[Any, int, frozenset[str]]] = [(config, 0, frozenset())]
+    stack: list[tuple[Any, int, frozenset[str], bool]] = [(config, 0, frozenset(), False)]
     seen = 0
     lora = False
     kl_coefs: list[float] = []
+    lrs: list[float] = []
     while stack and seen < MAX_NODES:
-        node, depth, kl_off = stack.pop()
+        node, depth, kl_off, in_actor = stack.pop()
         seen += 1
         if isinstance(node, Mapping):
             off = _switched_off(node)
@@ -100,8 +111,13 @@ def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
                 k = key.lower()
                 if k in KL_COEF_KEYS and k not in kl_off and (coef := _number(value)) is not None:
                     kl_coefs.append(coef)
+                if (k in LR_KEYS or (in_actor and k == VERL_LR_KEY)) and (lr := _number(value)) is not None:
+                    lrs.append(lr)
                 if depth < MAX_DEPTH:
-                    stack.append((value, depth + 1, kl_off))
+                    stack.append((value, depth + 1, kl_off, in_actor or k == VERL_ACTOR_SECTION))
         elif isinstance(node, Sequence) and not isinstance(node, str | bytes) and depth < MAX_DEPTH:
-            stack.extend((item, depth + 1, kl_off) for item in node)
-    return RunSettings(lora=lora, kl_coef=min(kl_coefs) if kl_coefs else None)
+            stack.extend((item, depth + 1, kl_off, in_actor) for item in node)
+    # Several learning rates (a config dumped with its defaults beside the run's): the lowest, so an
+    # LR judged too small against it is too small against every one of them.
+    return RunSettings(lora=lora, kl_coef=min(kl_coefs) if kl_coefs else None,
+                       learning_rate=min(lrs) if lrs else None)

@@ -121,6 +121,9 @@ def triage_command(
         "The run's KL-to-reference coefficient (TRL's beta, verl's kl_loss_coef, OpenRLHF's init_kl_coef) "
         "when the file does not log it; below 0 is a kl_misconfiguration (a run of the service says so in "
         "its config).")),
+    learning_rate: float | None = typer.Option(None, "--learning-rate", min=0.0, help=(
+        "The policy's learning rate as configured (the value after the warm-up) when the file carries no "
+        "config: a logged LR that never reaches a tenth of it is an update omission.")),
 ) -> None:
     """Rank the likely fault classes of a run (healthy included) with evidence in plain words."""
     from dataclasses import replace
@@ -132,6 +135,8 @@ def triage_command(
         settings = replace(settings, lora=True)
     if kl_coef is not None:
         settings = replace(settings, kl_coef=kl_coef)
+    if learning_rate is not None:
+        settings = replace(settings, learning_rate=learning_rate)
     lib = _load(library)
     if not run.series:
         raise _fail("the run has no metrics")

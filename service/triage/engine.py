@@ -109,9 +109,10 @@ class SignatureEngine:
             "strong_threshold": result.strong_threshold,
             "renamed": dict(sig.run.renamed),
             # What the run's config made triage assume (a LoRA policy's LR range, the KL coefficient
-            # it states), and the whole-run findings with their sources, so a reader sees why a rule
-            # did or did not fire.
-            "settings": {"lora": sig.run.settings.lora, "kl_coef": sig.run.settings.kl_coef},
+            # and the learning rate it states), and the whole-run findings with their sources, so a
+            # reader sees why a rule did or did not fire.
+            "settings": {"lora": sig.run.settings.lora, "kl_coef": sig.run.settings.kl_coef,
+                         "learning_rate": sig.run.settings.learning_rate},
             "findings": [f.to_dict() for f in result.findings],
             "candidates": {
                 c.fault_class: {

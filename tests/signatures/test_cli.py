@@ -83,6 +83,24 @@ def test_triage_kl_coef_states_what_a_file_does_not_log(tmp_path, library_dir):
     assert "kl_coef_negative" in {f["rule"] for f in json.loads(res.stdout)["findings"]}
 
 
+def test_triage_learning_rate_states_the_configured_lr_a_file_does_not_carry(tmp_path, library_dir):
+    run = synthetic_run("healthy", seed=25, steps=60)
+    steps = run.to_steps()
+    for k, step in enumerate(steps):  # a warm-up 100x the run: the LR climbs to 1% of 1e-6
+        step["values"]["learning_rate"] = 1e-6 * (k + 1) / (100 * len(steps))
+    p = tmp_path / "warmup.json"
+    p.write_text(json.dumps({"framework": "trl", "steps": steps}))
+    rules = {}
+    for flag in ([], ["--learning-rate", "1e-6"], ["--learning-rate", "1e-8"]):
+        res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--json", "--details", *flag])
+        assert res.exit_code == 0, res.output
+        rules[tuple(flag)] = {f["rule"] for f in json.loads(res.stdout)["findings"]}
+    assert "lr_never_reached" in rules[("--learning-rate", "1e-6")]
+    assert "lr_never_reached" not in rules[()] | rules[("--learning-rate", "1e-8")]
+    res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--learning-rate", "-1"])
+    assert res.exit_code == 2
+
+
 def test_load_config_reads_a_documents_config_only(tmp_path):
     from moeproxy.signatures.canonical import load_config
 

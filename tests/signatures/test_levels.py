@@ -471,3 +471,41 @@ def test_a_kl_growing_from_zero_at_the_start_or_stepping_between_round_off_value
     quiet = np.full(N, 1e-9)
     quiet[100:] = 1e-7  # no update: x100 between round-off values
     assert _jumps({**_healthy_trl(), "kl": quiet}) == []
+
+
+def test_a_logged_lr_that_never_reaches_a_tenth_of_the_configured_one_is_an_update_omission():
+    from dataclasses import replace
+
+    from moeproxy.signatures.settings import RunSettings
+
+    base = _healthy_trl()  # warm-up to 1e-6, then decay
+    endless = {**base, "learning_rate": 1e-6 * np.arange(1, N + 1) / (100 * N)}  # a warm-up 100x the run
+
+    def found(cols, lr):
+        run = replace(_run(cols), settings=RunSettings(learning_rate=lr))
+        return [f for f in whole_run_evidence(run) if f.rule == "lr_never_reached"]
+
+    (f,) = found(endless, 1e-6)
+    assert f.supports == ("actor_update_omission",) and f.source == "config-lr" and "1.0%" in f.text
+    assert found(base, 1e-6) == []  # a warm-up that ends reaches the configured LR
+    assert found(endless, None) == []  # without the config a rising LR is a warm-up
+    assert found({**base, "learning_rate": np.zeros(N)}, 0.0) == []  # an LR of 0 configured: nothing to miss
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_kl_steps_vectorised_search_finds_what_a_plain_loop_finds(seed):
+    """levels._kl_step_jump takes ten-step medians in one pass; a loop over every step, median by
+    median, must find the same largest step and ratio."""
+    from moeproxy.signatures.levels import KL_JUMP, KL_JUMP_FLOOR, KL_JUMP_SKIP, KL_JUMP_STEPS
+
+    rng = np.random.default_rng(seed)
+    cols = _kl_stepping_at(int(rng.integers(40, 160)), float(rng.uniform(35, 300)), seed)
+    cols["kl"] = cols["kl"] * rng.lognormal(0, 0.5, N)  # a noisier KL than the healthy one
+    (found,) = _jumps(cols)
+    v, best = cols["kl"], None
+    for i in range(max(KL_JUMP_STEPS, KL_JUMP_SKIP), N - KL_JUMP_STEPS + 1):
+        before, after = np.median(v[i - KL_JUMP_STEPS:i]), np.median(v[i:i + KL_JUMP_STEPS])
+        if after / before >= KL_JUMP and after >= KL_JUMP_FLOOR and (best is None or after / before > best[0]):
+            best = (after / before, i)
+    assert best is not None and found.value == pytest.approx(best[0], rel=1e-12)
+    assert f" at step {best[1] + 1} " in found.text  # index i is logged step i + 1

@@ -23,7 +23,8 @@ PUBLIC = Path(__file__).resolve().parents[2] / "benchmarks" / "public_runs"
     {"stages": [{"name": "grpo", "lora": {"r": 8}}]},  # a script's own, in a list
 ])
 def test_a_lora_policy_is_read_from_the_frameworks_own_names(config):
-    assert settings_from_config(config) == RunSettings(lora=True)
+    settings = settings_from_config(config)
+    assert settings.lora is True and settings.kl_coef is None
 
 
 @pytest.mark.parametrize("config", [
@@ -33,7 +34,8 @@ def test_a_lora_policy_is_read_from_the_frameworks_own_names(config):
     {"model_args": {"use_peft": False, "lora_r": 16, "lora_alpha": 32}},
 ])
 def test_full_fine_tuning_unless_the_config_says_otherwise(config):
-    assert settings_from_config(config) == DEFAULT_SETTINGS
+    settings = settings_from_config(config)
+    assert settings.lora is DEFAULT_SETTINGS.lora is False and settings.kl_coef is None
 
 
 def test_flags_and_ranks_must_mean_it():
@@ -98,3 +100,17 @@ def test_a_real_lora_run_at_2e_4_is_no_lr_misconfiguration_once_its_config_says_
 def test_the_kl_coefficient_is_read_from_the_frameworks_own_names(config, coef):
     settings = settings_from_config(config)
     assert settings.kl_coef == coef and settings.lora is False
+
+
+@pytest.mark.parametrize(("config", "lr"), [
+    ({"training_args": {"beta": 0.04, "learning_rate": 5e-05}}, 5e-05),  # what the TRL callback sends
+    ({"args": {"actor_learning_rate": 5e-07, "critic_learning_rate": 9e-06}}, 5e-07),  # OpenRLHF
+    # verl: the actor's optim.lr, not the critic's
+    ({"actor_rollout_ref": {"actor": {"optim": {"lr": 1e-06, "lr_warmup_steps": -1}}},
+      "critic": {"optim": {"lr": 1e-05}}}, 1e-06),
+    ({"critic": {"optim": {"lr": 1e-05}}}, None),
+    ({"training_args": {"learning_rate": "5e-5"}}, None),  # a string is no number
+    ({}, None),
+])
+def test_the_policys_learning_rate_is_read_from_the_frameworks_own_names(config, lr):
+    assert settings_from_config(config).learning_rate == lr

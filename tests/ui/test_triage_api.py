@@ -179,8 +179,9 @@ def test_a_run_whose_config_says_lora_has_its_lr_read_against_loras_range(ui_cli
         assert ui_client.post(f"/api/v1/runs/{run_id}/metrics", json=body, headers=auth()).status_code == 200
         details = ui_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()["details"]
         found[name] = (details["settings"], {f["rule"] for f in details["findings"]})
-    assert found["full"][0] == {"lora": False, "kl_coef": None} and "lr_level" in found["full"][1]
-    assert found["lora"][0] == {"lora": True, "kl_coef": None} and "lr_level" not in found["lora"][1]
+    assert found["full"][0] == {"lora": False, "kl_coef": None, "learning_rate": None} and "lr_level" in found["full"][1]
+    assert found["lora"][0] == {"lora": True, "kl_coef": None, "learning_rate": None}
+    assert "lr_level" not in found["lora"][1]
 
 
 def test_the_run_page_lists_the_whole_run_findings_and_a_lora_setting(ui_client, auth):
@@ -205,6 +206,33 @@ def test_the_run_page_lists_the_whole_run_findings_and_a_lora_setting(ui_client,
         assert 'href="/faults#lr_misconfiguration"' in page
     assert "(source: lora-lr)" in pages["lora"] and 'id="settings-lora"' in pages["lora"]
     assert "(source: rl-lr)" in pages["plain"] and 'id="settings-lora"' not in pages["plain"]
+
+
+def test_the_run_page_shows_the_configured_learning_rate_and_what_the_lr_never_reached(ui_client, auth):
+    """A run whose config states a learning rate of 1e-6 while it logs an LR that climbs to 1% of it
+    (a warm-up 100x the run): the triage details carry the configured LR, the page shows it and the
+    finding; the same run created without a config shows neither."""
+    import html
+
+    from ui_helpers import ingest_body
+
+    body = ingest_body(synthetic_run("healthy", steps=80, seed=109))
+    for k, step in enumerate(body["steps"]):
+        step["values"]["actor/lr"] = 1e-6 * (k + 1) / 8000
+    got = {}
+    for name, config in (("stated", {"actor_rollout_ref": {"actor": {"optim": {"lr": 1e-6}}}}), ("bare", {})):
+        run_id = ui_client.post("/api/v1/runs", json={"name": f"lr-{name}", "framework": "verl", "config": config},
+                                headers=auth()).json()["id"]
+        assert ui_client.post(f"/api/v1/runs/{run_id}/metrics", json=body, headers=auth()).status_code == 200
+        details = ui_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()["details"]
+        got[name] = (details, html.unescape(ui_client.get(f"/runs/{run_id}").text))
+    details, page = got["stated"]
+    assert details["settings"]["learning_rate"] == 1e-6
+    assert "lr_never_reached" in {f["rule"] for f in details["findings"]}
+    assert 'id="settings-lr"' in page and 'data-rule="lr_never_reached"' in page and "(source: config-lr)" in page
+    details, page = got["bare"]
+    assert details["settings"]["learning_rate"] is None and 'id="settings-lr"' not in page
+    assert "lr_never_reached" not in {f["rule"] for f in details["findings"]}
 
 
 def test_a_trl_run_whose_config_has_a_negative_beta_is_named_a_kl_misconfiguration(shipped_client, auth):
