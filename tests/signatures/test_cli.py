@@ -53,23 +53,25 @@ def test_triage_lora_reads_the_lr_against_loras_range(tmp_path, library_dir):
         item["values"]["actor/lr"] = 2e-4
     p = tmp_path / "lora.json"
     p.write_text(json.dumps({"framework": "verl", "steps": steps}))
+    rules = _rules_by_flags(p, library_dir, [], ["--lora"])
+    assert "lr_level" in rules[()] and "lr_level" not in rules[("--lora",)]
+
+
+def _rules_by_flags(path, library_dir, *flags: list[str]) -> dict[tuple[str, ...], set[str]]:
+    """The whole-run rules ``moeproxy triage`` finds in ``path`` under each set of flags."""
     rules = {}
-    for flag in ([], ["--lora"]):
-        res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--json", "--details", *flag])
+    for flag in flags:
+        res = runner.invoke(app, ["triage", str(path), "--library", str(library_dir), "--json", "--details", *flag])
         assert res.exit_code == 0, res.output
-        rules[bool(flag)] = {f["rule"] for f in json.loads(res.stdout)["findings"]}
-    assert "lr_level" in rules[False] and "lr_level" not in rules[True]
+        rules[tuple(flag)] = {f["rule"] for f in json.loads(res.stdout)["findings"]}
+    return rules
 
 
 def test_triage_kl_coef_states_what_a_file_does_not_log(tmp_path, library_dir):
     run = synthetic_run("healthy", seed=24, steps=60)
     p = tmp_path / "beta.json"
     p.write_text(json.dumps({"framework": "trl", "steps": run.to_steps()}))
-    rules = {}
-    for flag in ([], ["--kl-coef", "0.04"], ["--kl-coef", "-0.04"]):
-        res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--json", "--details", *flag])
-        assert res.exit_code == 0, res.output
-        rules[tuple(flag)] = {f["rule"] for f in json.loads(res.stdout)["findings"]}
+    rules = _rules_by_flags(p, library_dir, [], ["--kl-coef", "0.04"], ["--kl-coef", "-0.04"])
     assert "kl_coef_negative" in rules[("--kl-coef", "-0.04")]
     assert "kl_coef_negative" not in rules[()] | rules[("--kl-coef", "0.04")]
     res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--kl-coef", "minus"])
@@ -90,11 +92,7 @@ def test_triage_learning_rate_states_the_configured_lr_a_file_does_not_carry(tmp
         step["values"]["learning_rate"] = 1e-6 * (k + 1) / (100 * len(steps))
     p = tmp_path / "warmup.json"
     p.write_text(json.dumps({"framework": "trl", "steps": steps}))
-    rules = {}
-    for flag in ([], ["--learning-rate", "1e-6"], ["--learning-rate", "1e-8"]):
-        res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--json", "--details", *flag])
-        assert res.exit_code == 0, res.output
-        rules[tuple(flag)] = {f["rule"] for f in json.loads(res.stdout)["findings"]}
+    rules = _rules_by_flags(p, library_dir, [], ["--learning-rate", "1e-6"], ["--learning-rate", "1e-8"])
     assert "lr_never_reached" in rules[("--learning-rate", "1e-6")]
     assert "lr_never_reached" not in rules[()] | rules[("--learning-rate", "1e-8")]
     res = runner.invoke(app, ["triage", str(p), "--library", str(library_dir), "--learning-rate", "-1"])
