@@ -47,7 +47,12 @@ and before its own first scoring: healthy at ``temperature`` 0.7 and with DAPO's
 of their rows re-initialised at a quarter of the run (``router_corruption``: TRL logs no routing
 metric but the load-balancing ``aux_loss``); the accuracy checked against another prompt's answer
 (``reward_fault``); a warm-up 100x the run, so the LR never passes 1% of its value
-(``actor_update_omission``).
+(``actor_update_omission``). Batch 7 (``--batch 7``, ``benchmarks/results/trl_runs_7``, seeds
+120-125), frozen after the rules written on batch 6 and before its own first scoring: healthy under
+the original GRPO loss and at half the LR; the routers noised at 3x their scale at three quarters of
+the run, and round-tripped through bf16 before every step from halfway (``router_corruption``); the
+accuracy read from the first 32 characters of each completion only (``reward_fault``); every second
+optimizer update dropped from the first (``actor_update_omission``).
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -456,20 +461,23 @@ def router_gates(model) -> list:
     return gates
 
 
-def _router_noise_mid(setup: Setup) -> int:
-    def noise(model) -> None:
-        # Router weights damaged in place (a bad checkpoint merge, a broken transfer): Gaussian
-        # noise at the scale of each router's own weights, seeded so the run repeats.
-        import torch
+def _router_noise(share: float, scale: float) -> Callable[[Setup], int]:
+    def apply(setup: Setup) -> int:
+        def noise(model) -> None:
+            # Router weights damaged in place (a bad checkpoint merge, a broken transfer): Gaussian
+            # noise at ``scale`` times each router's own weight scale, seeded so the run repeats.
+            import torch
 
-        gen = torch.Generator().manual_seed(setup.config["seed"])
-        with torch.no_grad():
-            for w in router_gates(model):
-                w.add_(torch.randn(w.shape, generator=gen).to(w.dtype) * w.std())
+            gen = torch.Generator().manual_seed(setup.config["seed"])
+            with torch.no_grad():
+                for w in router_gates(model):
+                    w.add_(torch.randn(w.shape, generator=gen).to(w.dtype) * (scale * w.std()))
 
-    at = _at(setup, 0.5)
-    setup.callbacks.append(step_flag_callback(at, noise))
-    return at
+        at = _at(setup, share)
+        setup.callbacks.append(step_flag_callback(at, noise))
+        return at
+
+    return apply
 
 
 def _router_reinit_quarter(setup: Setup) -> int:
@@ -508,6 +516,63 @@ def _warmup_never_ends(setup: Setup) -> int:
     # Warm-up given in samples where steps were meant: 100x the run, so the LR climbs from 0 to
     # 1% of its value and the policy barely moves (the LR is logged at every step).
     setup.config["warmup_steps"] = 100 * setup.steps
+    return 0
+
+
+def _healthy_grpo_loss(setup: Setup) -> None:
+    setup.config["loss_type"] = "grpo"  # the original GRPO loss: per-sequence length normalisation
+
+
+def _healthy_lr_half(setup: Setup) -> None:
+    setup.config["learning_rate"] *= 0.5
+
+
+def _router_downcast_mid(setup: Setup) -> int:
+    from transformers import TrainerCallback
+
+    at = _at(setup, 0.5)
+
+    class Downcast(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            # The routers round-tripped through bf16 before every step from ``at`` (a transfer that
+            # down-casts them): each update smaller than bf16's resolution is lost.
+            if state.global_step + 1 >= at:
+                import torch
+
+                with torch.no_grad():
+                    for w in router_gates(model):
+                        w.copy_(w.to(torch.bfloat16).to(w.dtype))
+
+    setup.callbacks.append(Downcast())
+    return at
+
+
+#: Characters of a completion the windowed checker reads (completions run 20-70 characters here).
+REWARD_WINDOW = 32
+
+
+def _reward_window(setup: Setup) -> int:
+    @functools.wraps(accuracy_reward)
+    def windowed(prompts, completions, task, answer, **kw) -> list[float]:
+        # A reward that reads only the first characters of each completion (a truncation window):
+        # an answer after a longer reasoning is never seen, so it scores 0.
+        return accuracy_reward(prompts, [c[:REWARD_WINDOW] for c in completions], task, answer, **kw)
+
+    setup.reward_funcs = [windowed, format_reward]
+    return 0
+
+
+def _skip_every_other(setup: Setup) -> int:
+    from transformers import TrainerCallback
+
+    class SkipEveryOther(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+            # Every second optimizer step skipped from the first (an accumulation counter off by one):
+            # the norm is logged, the update of every even step is dropped.
+            if (state.global_step + 1) % 2 == 0:
+                optimizer.zero_grad(set_to_none=True)
+
+    setup.callbacks.append(SkipEveryOther())
     return 0
 
 
@@ -584,13 +649,24 @@ RUNS: dict[str, RunKind] = {
     "healthy_clip_higher": RunKind("healthy", "nothing injected; GRPOConfig.epsilon_high 0.28 (DAPO)",
                                    _healthy_clip_higher),
     "router_noise_mid": RunKind("router_corruption", "Gaussian noise at each router's own scale added to every "
-                                "mlp.gate.weight at step round(0.5 x steps)", _router_noise_mid),
+                                "mlp.gate.weight at step round(0.5 x steps)", _router_noise(0.5, 1.0)),
     "router_reinit_quarter": RunKind("router_corruption", "a quarter of every router's rows re-initialised at "
                                      "step round(0.25 x steps)", _router_reinit_quarter),
     "reward_shuffled": RunKind("reward_fault", "accuracy_reward checks each completion against another prompt's "
                                "answer", _reward_shuffled),
     "warmup_never_ends": RunKind("actor_update_omission", "GRPOConfig.warmup_steps 100 x steps: the LR stays "
                                  "under 1% of its value", _warmup_never_ends),
+    # Batch 7: frozen after the rules written on batch 6, before its own first scoring.
+    "healthy_grpo_loss": RunKind("healthy", "nothing injected; GRPOConfig.loss_type grpo", _healthy_grpo_loss),
+    "healthy_lr_half": RunKind("healthy", "nothing injected; GRPOConfig.learning_rate x0.5", _healthy_lr_half),
+    "router_noise_late": RunKind("router_corruption", "Gaussian noise at 3x each router's own scale added to every "
+                                 "mlp.gate.weight at step round(0.75 x steps)", _router_noise(0.75, 3.0)),
+    "router_downcast_mid": RunKind("router_corruption", "every mlp.gate.weight round-tripped through bf16 before "
+                                   "each step from step round(0.5 x steps)", _router_downcast_mid),
+    "reward_window": RunKind("reward_fault", f"accuracy_reward reads the first {REWARD_WINDOW} characters of each "
+                             "completion only", _reward_window),
+    "skip_every_other": RunKind("actor_update_omission", "every second optimizer update dropped from the first, "
+                                "after the gradient norm was logged", _skip_every_other),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -611,6 +687,9 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "6": (("healthy_temperature", "healthy_clip_higher", "router_noise_mid", "router_reinit_quarter", "reward_shuffled",
            "warmup_never_ends"),
           ROOT / "benchmarks" / "results" / "trl_runs_6", 100, True),
+    "7": (("healthy_grpo_loss", "healthy_lr_half", "router_noise_late", "router_downcast_mid", "reward_window",
+           "skip_every_other"),
+          ROOT / "benchmarks" / "results" / "trl_runs_7", 120, True),
 }
 
 

@@ -265,6 +265,67 @@ def test_batch_6s_faults_damage_the_routers_and_the_reward_they_name(tiny_checkp
     assert trl_runs.RUNS["warmup_never_ends"].apply(setup) == 0 and setup.config["warmup_steps"] == 20_000
 
 
+def test_batch_7s_faults_act_where_they_say(tiny_checkpoint):
+    """Batch 7 on a real tiny Qwen3-MoE and a real AdamW: the late noise is 3x the mid-run one's
+    scale; the down-cast leaves every router weight a bf16 value from its step on and no other
+    weight touched; the windowed checker scores a right answer past its window 0; every second
+    update is dropped from the first."""
+    import torch
+    from moeproxy.reproduction.formats import get_format
+    from moeproxy.reproduction.tasks import format_prompt, make_split
+    from transformers import AutoModelForCausalLM
+
+    deltas = {}
+    for key, at in (("router_noise_mid", 100), ("router_noise_late", 150)):
+        model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+        before = [w.detach().clone() for w in trl_runs.router_gates(model)]
+        setup = trl_runs.Setup(model=None, steps=200, config={"seed": 7})
+        assert trl_runs.RUNS[key].apply(setup) == at
+        setup.callbacks[0].on_step_begin(None, _state(at), None, model=model)
+        deltas[key] = torch.stack([(w - b).std() / b.std() for w, b in zip(trl_runs.router_gates(model), before,
+                                                                          strict=True)]).mean().item()
+    assert deltas["router_noise_late"] == pytest.approx(3 * deltas["router_noise_mid"], rel=0.05)
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["router_downcast_mid"].apply(setup) == 100
+    (cast,) = setup.callbacks
+    cast.on_step_begin(None, _state(99), None, model=model)
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())  # not yet
+    cast.on_step_begin(None, _state(100), None, model=model)
+    for n, p in model.named_parameters():
+        if n.endswith("mlp.gate.weight"):
+            assert not torch.equal(before[n], p) and torch.equal(p, p.to(torch.bfloat16).float()), n
+        else:
+            assert torch.equal(before[n], p), n
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["reward_window"].apply(setup) == 0
+    windowed = setup.reward_funcs[0]
+    ex = make_split("train", 1, seed=0)[0]
+    right = get_format("reasoning").target(ex)
+    kw = {"task": [ex.task], "answer": [ex.answer]}
+    assert windowed.__name__ == "accuracy_reward"
+    assert windowed([format_prompt(ex)], [right], **kw) == ([1.0] if len(right) <= trl_runs.REWARD_WINDOW else [0.0])
+    padded = "<t>" + "x" * trl_runs.REWARD_WINDOW + right.removeprefix("<t>")  # the same answer, later
+    assert trl_runs.accuracy_reward([format_prompt(ex)], [padded], **kw) == [1.0]
+    assert windowed([format_prompt(ex)], [padded], **kw) == [0.0]
+
+    lin = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-3)
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["skip_every_other"].apply(setup) == 0
+    (skip,) = setup.callbacks
+    for step in (1, 2, 3, 4):
+        before_w = lin.weight.detach().clone()
+        lin(torch.ones(2, 4)).sum().backward()
+        skip.on_pre_optimizer_step(None, _state(step), None, optimizer=opt)
+        opt.step()
+        opt.zero_grad()
+        assert (not torch.equal(before_w, lin.weight)) == (step % 2 == 1), step
+
+
 def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys):
     keys, out, _first, own = trl_runs.BATCHES["2"]
     assert own and out.name == "trl_runs_2" and len(set(keys)) == len(keys)
