@@ -848,7 +848,7 @@ KL_JUMP_STEPS = 10
 #: at step 21 in one with clip-higher).
 KL_JUMP_SKIP = 25
 #: An LR that changes by more than this across the two windows (a schedule raised mid-run), or a
-#: gradient norm this many times the window's median just before the step, moved the policy through
+#: gradient norm this many times the two windows' median (one huge update), moved the policy through
 #: the optimizer.
 KL_JUMP_LR = 2.0
 KL_JUMP_GRAD = 10.0
@@ -861,7 +861,7 @@ KL_JUMP_FLOOR = 1e-3
 @rule("kl_step_jump")
 def _kl_step_jump(run: CanonicalRun) -> list[Finding]:
     """The KL to the reference steps up x30 across one step past the run's start, with the LR
-    unchanged, no gradient spike before it and nothing non-finite in the run: the policy moved
+    unchanged, no gradient spike around it and nothing non-finite in the run: the policy moved
     further in one step than all its updates had moved it before, and the optimizer did not move
     it. Its weights changed outside the optimizer: a router noised or re-initialised (SPEC section
     3, router_corruption), as real TRL runs whose MoE routers were damaged mid-run show (trl_runs_6:
