@@ -84,21 +84,29 @@ def test_a_job_builds_a_layer_that_names_the_missing_class(model, tmp_path):
     assert progress[-1] == {"stage": "fingerprints", "done": 1, "total": 1}
 
     # Runs of the original model with the fault (the production side): the base library cannot
-    # name the class at all; layered, it is ranked first for most variants and onsets.
+    # name the class at all; layered, it names it among the first three for every variant and
+    # onset, and first for most mid-run ones. (Measured: mid-run first by 0.05, 0.02 and 0.07; at
+    # onset 0 third behind `healthy` and `actor_update_omission`, a 20-step toy run's fault from
+    # the start looking like one that learns slowly, 0.08 and more above the fourth. A count of
+    # firsts that one 0.02 margin decides fails on a CPU that rounds the toy run's training
+    # differently, so the margins asserted are the wide ones.)
     from moeproxy.reproduction.campaign import JobInput, run_job
     from moeproxy.reproduction.views import project
     from moeproxy.signatures.canonical import RunMetrics
 
-    firsts = []
+    top3, mid_firsts = [], []
     for job in candidate_jobs(_spec(model)):
         if job.entry.fault_class != CLASS or job.seed != 0:
             continue
         trace = run_job(JobInput(str(model), ENGINE, job.fault(), 7, STEPS)).trace
         run = RunMetrics.from_steps(project(trace, "verl"), framework="verl", name=job.entry.slug)
         assert CLASS not in {c.fault_class for c in triage(run, base).candidates}
-        ranked = triage(run, base.layered(layer)).candidates
-        firsts.append(ranked[0].fault_class == CLASS and ranked[0].score - ranked[1].score > 0.02)
-    assert sum(firsts) >= 3, firsts
+        ranked = [c.fault_class for c in triage(run, base.layered(layer)).candidates]
+        top3.append(CLASS in ranked[:3])
+        if job.onset:
+            mid_firsts.append(ranked[0] == CLASS)
+    assert len(top3) == 6 and all(top3), top3
+    assert len(mid_firsts) == 3 and sum(mid_firsts) >= 2, mid_firsts
 
     # The job run again (a retry after its worker died) reuses proxy, runs and its layer version.
     again = run_loop(_spec(model), tmp_path, base, job_id=1)
