@@ -423,16 +423,16 @@ def _negative_beta_small(setup: Setup) -> int:
     return 0
 
 
-def update_dropped_callback(from_step: int):
-    """A ``TrainerCallback`` that drops every optimizer update from step ``from_step`` (1-based)
-    after the gradient norm was measured and logged: the gradients are cleared before
-    ``optimizer.step()``, so the log shows a normal gradient norm and the policy never moves (an
+def update_dropped_callback(drops: Callable[[int], bool]):
+    """A ``TrainerCallback`` that drops the optimizer update of every step (1-based) ``drops``
+    names, after the gradient norm was measured and logged: the gradients are cleared before
+    ``optimizer.step()``, so the log shows a normal gradient norm and the policy does not move (an
     optimizer wrapper that skips its step, a sharded update that never reaches the weights)."""
     from transformers import TrainerCallback
 
     class DropUpdates(TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-            if state.global_step + 1 >= from_step:
+            if drops(state.global_step + 1):
                 optimizer.zero_grad(set_to_none=True)  # AdamW skips a parameter without a gradient
 
     return DropUpdates()
@@ -440,7 +440,7 @@ def update_dropped_callback(from_step: int):
 
 def _update_dropped_late(setup: Setup) -> int:
     at = _at(setup, 0.5)
-    setup.callbacks.append(update_dropped_callback(at))
+    setup.callbacks.append(update_dropped_callback(lambda step: step >= at))
     return at
 
 
@@ -563,16 +563,9 @@ def _reward_window(setup: Setup) -> int:
 
 
 def _skip_every_other(setup: Setup) -> int:
-    from transformers import TrainerCallback
-
-    class SkipEveryOther(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-            # Every second optimizer step skipped from the first (an accumulation counter off by one):
-            # the norm is logged, the update of every even step is dropped.
-            if (state.global_step + 1) % 2 == 0:
-                optimizer.zero_grad(set_to_none=True)
-
-    setup.callbacks.append(SkipEveryOther())
+    # Every second optimizer step skipped from the first (an accumulation counter off by one): the
+    # norm is logged, the update of every even step is dropped.
+    setup.callbacks.append(update_dropped_callback(lambda step: step % 2 == 0))
     return 0
 
 

@@ -867,11 +867,7 @@ def _kl_step_jump(run: CanonicalRun) -> list[Finding]:
     3, router_corruption), as real TRL runs whose MoE routers were damaged mid-run show (trl_runs_6:
     x123 at the re-initialisation). An LR raised mid-run steps the KL too, and the LR says so."""
     got = _values(run, "kl", 2 * KL_JUMP_STEPS + KL_JUMP_SKIP)
-    if got is None or _nonfinite(run) or _nonfinite_update_skipped(run):
-        return []
-    # A KL pushed away from the reference by a negative coefficient grows in bursts: the run's
-    # config says why by itself.
-    if _kl_coef_negative(run):
+    if got is None:
         return []
     s, v = got
     steps = run.steps[s.finite]
@@ -882,6 +878,10 @@ def _kl_step_jump(run: CanonicalRun) -> list[Finding]:
     before, after = med[idx - KL_JUMP_STEPS], med[idx]
     ratios = np.divide(after, before, out=np.zeros_like(after), where=before > 0)
     jumps = (ratios >= KL_JUMP) & (after >= KL_JUMP_FLOOR)
+    # The run-wide checks only where there is a step to explain (most runs have none). A KL pushed
+    # away from the reference by a negative coefficient grows in bursts: the config says why.
+    if not jumps.any() or _nonfinite(run) or _nonfinite_update_skipped(run) or _kl_coef_negative(run):
+        return []
     # The largest step the optimizer does not explain (the earliest of equal ones).
     order = np.argsort(-ratios[jumps], kind="stable")
     best = next((int(i) for i in idx[jumps][order] if not _optimizer_moved(run, steps, int(i))), None)

@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,7 @@ class SignatureEngine:
             # What the run's config made triage assume (a LoRA policy's LR range, the KL coefficient
             # and the learning rate it states), and the whole-run findings with their sources, so a
             # reader sees why a rule did or did not fire.
-            "settings": {"lora": sig.run.settings.lora, "kl_coef": sig.run.settings.kl_coef,
-                         "learning_rate": sig.run.settings.learning_rate},
+            "settings": asdict(sig.run.settings),
             "findings": [f.to_dict() for f in result.findings],
             "candidates": {
                 c.fault_class: {
