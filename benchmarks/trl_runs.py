@@ -52,7 +52,12 @@ metric but the load-balancing ``aux_loss``); the accuracy checked against anothe
 the original GRPO loss and at half the LR; the routers noised at 3x their scale at three quarters of
 the run, and round-tripped through bf16 before every step from halfway (``router_corruption``); the
 accuracy read from the first 32 characters of each completion only (``reward_fault``); every second
-optimizer update dropped from the first (``actor_update_omission``).
+optimizer update dropped from the first (``actor_update_omission``). Batch 8 (``--batch 8``,
+``benchmarks/results/trl_runs_8``, seeds 140-145), frozen after the load-balancing rule written on
+batches 6 and 7 and before its own first scoring: healthy at ``router_aux_loss_coef`` 0.1 (10x the
+model's) and at ``beta`` 0.01; the routers noised at 2x their scale at a quarter of the run, and at
+their own scale before the first update; half their rows re-initialised at 60% of the run; an
+eighth of their rows x4 halfway (all ``router_corruption``).
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -461,7 +466,10 @@ def router_gates(model) -> list:
     return gates
 
 
-def _router_noise(share: float, scale: float) -> Callable[[Setup], int]:
+def _router_noise(share: float | None, scale: float) -> Callable[[Setup], int]:
+    """Router noise from step round(share x steps), or before the first update (``share`` None:
+    onset 0, a policy loaded from a damaged checkpoint)."""
+
     def apply(setup: Setup) -> int:
         def noise(model) -> None:
             # Router weights damaged in place (a bad checkpoint merge, a broken transfer): Gaussian
@@ -473,29 +481,60 @@ def _router_noise(share: float, scale: float) -> Callable[[Setup], int]:
                 for w in router_gates(model):
                     w.add_(torch.randn(w.shape, generator=gen).to(w.dtype) * (scale * w.std()))
 
-        at = _at(setup, share)
+        at = 1 if share is None else _at(setup, share)
         setup.callbacks.append(step_flag_callback(at, noise))
+        return 0 if share is None else at
+
+    return apply
+
+
+def _router_reinit(parts: int, share: float) -> Callable[[Setup], int]:
+    """One in ``parts`` of every router's rows re-initialised at step round(share x steps) (an
+    expert-parallel reshard or a resume that loads those experts' gate rows from the initialiser
+    instead of the checkpoint)."""
+
+    def apply(setup: Setup) -> int:
+        def reinit(model) -> None:
+            import torch
+
+            gen = torch.Generator().manual_seed(setup.config["seed"])
+            std = model.config.initializer_range
+            with torch.no_grad():
+                for w in router_gates(model):
+                    rows = torch.randperm(w.shape[0], generator=gen)[: w.shape[0] // parts]
+                    w[rows] = (torch.randn((rows.numel(), w.shape[1]), generator=gen) * std).to(w.dtype)
+
+        at = _at(setup, share)
+        setup.callbacks.append(step_flag_callback(at, reinit))
         return at
 
     return apply
 
 
-def _router_reinit_quarter(setup: Setup) -> int:
-    def reinit(model) -> None:
-        # A quarter of every router's rows re-initialised (an expert-parallel reshard that loads
-        # those experts' gate rows from the initialiser instead of the checkpoint).
+def _router_rows_scaled_mid(setup: Setup) -> int:
+    def scale(model) -> None:
+        # An eighth of every router's rows x4 (a shard loaded with its scale applied twice): those
+        # experts' logits grow, and the tokens they already won they win by more.
         import torch
 
         gen = torch.Generator().manual_seed(setup.config["seed"])
-        std = model.config.initializer_range
         with torch.no_grad():
             for w in router_gates(model):
-                rows = torch.randperm(w.shape[0], generator=gen)[: w.shape[0] // 4]
-                w[rows] = (torch.randn((rows.numel(), w.shape[1]), generator=gen) * std).to(w.dtype)
+                rows = torch.randperm(w.shape[0], generator=gen)[: w.shape[0] // 8]
+                w[rows] *= 4.0
 
-    at = _at(setup, 0.25)
-    setup.callbacks.append(step_flag_callback(at, reinit))
+    at = _at(setup, 0.5)
+    setup.callbacks.append(step_flag_callback(at, scale))
     return at
+
+
+def _healthy_aux_coef_high(setup: Setup) -> None:
+    # A stronger load-balancing loss than the model's own coefficient (TRL's router_aux_loss_coef).
+    setup.config["router_aux_loss_coef"] = 0.1
+
+
+def _healthy_beta_low(setup: Setup) -> None:
+    setup.config["beta"] = 0.01  # a looser hold on the reference than the healthy run's 0.04
 
 
 def _reward_shuffled(setup: Setup) -> int:
@@ -644,7 +683,7 @@ RUNS: dict[str, RunKind] = {
     "router_noise_mid": RunKind("router_corruption", "Gaussian noise at each router's own scale added to every "
                                 "mlp.gate.weight at step round(0.5 x steps)", _router_noise(0.5, 1.0)),
     "router_reinit_quarter": RunKind("router_corruption", "a quarter of every router's rows re-initialised at "
-                                     "step round(0.25 x steps)", _router_reinit_quarter),
+                                     "step round(0.25 x steps)", _router_reinit(4, 0.25)),
     "reward_shuffled": RunKind("reward_fault", "accuracy_reward checks each completion against another prompt's "
                                "answer", _reward_shuffled),
     "warmup_never_ends": RunKind("actor_update_omission", "GRPOConfig.warmup_steps 100 x steps: the LR stays "
@@ -660,6 +699,19 @@ RUNS: dict[str, RunKind] = {
                              "completion only", _reward_window),
     "skip_every_other": RunKind("actor_update_omission", "every second optimizer update dropped from the first, "
                                 "after the gradient norm was logged", _skip_every_other),
+    # Batch 8: frozen after the load-balancing rule written on batches 6 and 7, before its own first
+    # scoring; router faults of new kinds, onsets and scales, and healthy runs that move the balance.
+    "healthy_aux_coef_high": RunKind("healthy", "nothing injected; GRPOConfig.router_aux_loss_coef 0.1 (the "
+                                     "model's own 0.01 x10)", _healthy_aux_coef_high),
+    "healthy_beta_low": RunKind("healthy", "nothing injected; GRPOConfig.beta 0.01", _healthy_beta_low),
+    "router_noise_early": RunKind("router_corruption", "Gaussian noise at 2x each router's own scale added to "
+                                  "every mlp.gate.weight at step round(0.25 x steps)", _router_noise(0.25, 2.0)),
+    "router_noise_start": RunKind("router_corruption", "Gaussian noise at each router's own scale added to every "
+                                  "mlp.gate.weight before the first update", _router_noise(None, 1.0)),
+    "router_reinit_half_late": RunKind("router_corruption", "half of every router's rows re-initialised at step "
+                                       "round(0.6 x steps)", _router_reinit(2, 0.6)),
+    "router_rows_scaled_mid": RunKind("router_corruption", "an eighth of every router's rows x4 at step "
+                                      "round(0.5 x steps)", _router_rows_scaled_mid),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -683,6 +735,9 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "7": (("healthy_grpo_loss", "healthy_lr_half", "router_noise_late", "router_downcast_mid", "reward_window",
            "skip_every_other"),
           ROOT / "benchmarks" / "results" / "trl_runs_7", 120, True),
+    "8": (("healthy_aux_coef_high", "healthy_beta_low", "router_noise_early", "router_noise_start",
+           "router_reinit_half_late", "router_rows_scaled_mid"),
+          ROOT / "benchmarks" / "results" / "trl_runs_8", 140, True),
 }
 
 
