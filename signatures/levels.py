@@ -58,6 +58,11 @@ SOURCES: dict[str, str] = {
                                  "the KL to the reference sums every update since the start (healthy: 'KL grows "
                                  "slowly'), so a ×30 step in it that no LR change, no gradient spike and no "
                                  "non-finite value explains is the weights changing outside the optimizer",
+    "switch-balance": "the MoE load-balancing loss N * sum_i f_i * P_i (Switch Transformer, Fedus et al., "
+                      "arXiv:2101.03961, eq. 4-6; transformers' load_balancing_loss_func, which TRL's GRPOTrainer "
+                      "logs as aux_loss) is least when the router spreads tokens evenly over the experts and grows "
+                      "as it concentrates them: a rise is the expert-utilisation shift of SPEC section 3's "
+                      "router_corruption; the margin (4 noise widths and 0.5% of its level) is chosen",
     "grpo-advantage": "GRPO's advantage is the reward minus its group's mean (DeepSeekMath, arXiv:2402.03300, "
                       "section 4.1): a group whose rewards all tie has advantage 0 and no gradient; TRL logs the "
                       "share of such groups as frac_reward_zero_std",
@@ -893,6 +898,61 @@ def _kl_step_jump(run: CanonicalRun) -> list[Finding]:
                     "against the ones before) with the LR unchanged and no gradient spike: the weights changed "
                     "outside the optimizer, as a damaged or re-initialised router changes them",
                     "weights-outside-optimizer")]
+
+
+#: The load-balancing loss's last quarter must sit this many noise widths (of a quarter's median)
+#: above its first quarter's, and by this share of its level (chosen: real healthy TRL runs end
+#: 0-0.3% below where they start, the balance term pulling the routers even).
+BALANCE_RISE_Z = 4.0
+BALANCE_RISE_REL = 0.005
+BALANCE_MIN_STEPS = 40
+#: A schedule raised this much between the quarters (an LR x100 from a resumed step) moved the
+#: routers through the optimizer: it is the LR's finding, not the router's.
+BALANCE_LR_RISE = 2.0
+
+
+@rule("balance_loss_rises")
+def _balance_loss_rises(run: CanonicalRun) -> list[Finding]:
+    """The MoE load-balancing loss ends the run higher than it started: the routers send tokens to
+    fewer experts than they did (SPEC section 3, router_corruption: expert utilisation shifts).
+    A healthy run keeps it level or lowers it, since the loss trains the routers to balance; a
+    router noised or partly re-initialised mid-run raises it (trl_runs_6: +0.8% at both, 5 noise
+    widths). Not where the LR was raised between the quarters, is far above the recipes
+    (``lr_level``: the routers move with every weight), or anything turned non-finite."""
+    got = _values(run, "balance_loss", BALANCE_MIN_STEPS)
+    if got is None:
+        return []
+    s, v = got
+    q = v.size // 4
+    first, last = float(np.median(v[:q])), float(np.median(v[-q:]))
+    # The noise of one step from its neighbours (robust, so a spike does not widen it), and of a
+    # quarter's median from it (white noise: 1.2533 sigma / sqrt(q)); the difference of two medians.
+    sigma = 1.4826 * float(np.median(np.abs(np.diff(v) - np.median(np.diff(v))))) / math.sqrt(2.0)
+    width = math.sqrt(2.0) * 1.2533 * sigma / math.sqrt(q)
+    rise = last - first
+    if rise <= max(BALANCE_RISE_Z * width, BALANCE_RISE_REL * abs(first)):
+        return []
+    if _lr_raised(run) or _lr_level(run) or _nonfinite(run) or _nonfinite_update_skipped(run):
+        return []
+    return [Finding("balance_loss_rises", "balance_loss", s.source, rise / abs(first), BALANCE_RISE_REL,
+                    ("router_corruption",),
+                    f"{s.source} ends the run {rise / abs(first):.2%} above where it started (median {first:.4g} over the "
+                    f"first quarter, {last:.4g} over the last; {rise / width:.1f} noise widths): the routers spread "
+                    "tokens over fewer experts than they did, as a damaged or re-initialised router does",
+                    "switch-balance")]
+
+
+def _lr_raised(run: CanonicalRun) -> bool:
+    """The LR's median over the last quarter of its logged values is ``BALANCE_LR_RISE`` times its
+    median over the first: a schedule raised mid-run (a decay never raises it, a warm-up of the usual
+    3-10% of a run not so much)."""
+    got = _values(run, "lr", 4)
+    if got is None:
+        return False
+    v = got[1]
+    q = v.size // 4
+    first = float(np.median(v[:q]))
+    return first > 0 and float(np.median(v[-q:])) > BALANCE_LR_RISE * first
 
 
 def _optimizer_moved(run: CanonicalRun, steps: np.ndarray, i: int) -> bool:

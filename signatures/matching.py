@@ -123,6 +123,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "mismatch_grows": 2.0,
     "importance_ratio_level": 2.0,
     "kl_step_jump": 2.0,
+    "balance_loss_rises": 2.0,
     "kl_runaway": 1.5,
     "length_pinned": 1.0,
     "entropy_extreme": 1.0,

@@ -54,6 +54,7 @@ CANONICAL_METRICS: dict[str, CanonicalMetric] = {
         CanonicalMetric("advantage_mean", "mean advantage"),
         CanonicalMetric("routing_agreement", "share of tokens whose rollout and trainer top-k experts agree"),
         CanonicalMetric("expert_entropy", "expert-utilisation entropy (MoE)"),
+        CanonicalMetric("balance_loss", "MoE load-balancing loss (least when the router spreads tokens evenly)"),
         CanonicalMetric("rollout_train_logp_diff_std", "spread of the rollout/trainer log-prob discrepancy"),
         CanonicalMetric("rollout_kl", "KL between the rollout-engine and trainer distributions"),
         CanonicalMetric("value_loss", "critic (value) loss"),
@@ -165,6 +166,10 @@ _TABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "advantage_mean": {"verl": ("critic/advantages/mean",), "openrlhf": ("train/advantages_mean",)},
     "routing_agreement": {"verl": ("moe/routing_agreement",)},
     "expert_entropy": {"verl": ("moe/expert_entropy",)},
+    # The MoE load-balancing loss (Switch Transformer's N * sum_i f_i * P_i, transformers'
+    # load_balancing_loss_func): TRL's GRPOTrainer logs it as aux_loss when the model's
+    # router_aux_loss_coef is not 0 (TRL 1.16, GRPOTrainer._compute_loss).
+    "balance_loss": {"trl": ("aux_loss",)},
     "value_loss": {"verl": ("critic/vf_loss",), "openrlhf": ("train/critic_loss",)},
     "zero_std_frac": {"verl": ("critic/score/zero_std_frac",), "trl": ("frac_reward_zero_std",)},
     "step_time_s": {"verl": ("timing_s/step",)},

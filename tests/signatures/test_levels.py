@@ -509,3 +509,49 @@ def test_the_kl_steps_vectorised_search_finds_what_a_plain_loop_finds(seed):
             best = (after / before, i)
     assert best is not None and found.value == pytest.approx(best[0], rel=1e-12)
     assert f" at step {best[1] + 1} " in found.text  # index i is logged step i + 1
+
+
+def _balance(seed: int = 0, rise: float = 0.0, at: int = 100, fall: float = 0.008) -> np.ndarray:
+    """TRL's aux_loss as a real healthy run logs it: ~4.05 (top-k 4), step noise 0.02, drifting
+    ``fall`` down over the run as the balance term evens the routers; plus a step of ``rise`` at ``at``."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(N)
+    return 4.05 - fall * t / N + rng.normal(0, 0.02, N) + np.where(t >= at, rise, 0.0)
+
+
+def _balance_findings(cols) -> list:
+    return [f for f in whole_run_evidence(_run(cols)) if f.rule == "balance_loss_rises"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_load_balancing_loss_that_ends_higher_is_the_router(seed):
+    base = _healthy_trl(seed)
+    assert not _balance_findings({**base, "aux_loss": _balance(seed)})  # level or slowly falling: healthy
+    (found,) = _balance_findings({**base, "aux_loss": _balance(seed, rise=0.04)})
+    assert found.supports == ("router_corruption",) and found.source_name == "aux_loss"
+    assert found.value == pytest.approx(0.04 / 4.05, rel=0.35) and "above where it started" in found.text
+    assert found.source in SOURCES
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_balance_rise_inside_the_noise_or_under_half_a_percent_is_nothing(seed):
+    base = _healthy_trl(seed)
+    # 0.4% of the level: more noise widths than the 4 needed on a quiet trace, but under 0.5%.
+    quiet = 4.05 + np.random.default_rng(seed).normal(0, 0.002, N) + np.where(np.arange(N) >= 100, 0.016, 0.0)
+    assert not _balance_findings({**base, "aux_loss": quiet})
+    # 1% of the level on a trace whose step noise is 0.2: well inside four widths.
+    noisy = 4.05 + np.random.default_rng(seed).normal(0, 0.2, N) + np.where(np.arange(N) >= 100, 0.04, 0.0)
+    assert not _balance_findings({**base, "aux_loss": noisy})
+
+
+def test_a_balance_rise_the_lr_explains_is_not_the_router():
+    base = _healthy_trl()
+    raised = {**base, "aux_loss": _balance(rise=0.04),
+              "learning_rate": np.where(np.arange(N) >= 100, 100.0, 1.0) * base["learning_rate"]}
+    assert not _balance_findings(raised)  # a schedule raised x100 from halfway
+    far = {**base, "aux_loss": _balance(rise=0.04), "learning_rate": base["learning_rate"] * 300}
+    assert "lr_level" in _rules(far) and not _balance_findings(far)
+    broken = {**base, "aux_loss": _balance(rise=0.04), "grad_norm": np.where(np.arange(N) == 150, np.nan, 0.5)}
+    assert not _balance_findings(broken)
+    # A decay or a warm-up does not raise it: the healthy schedule keeps the finding.
+    assert _balance_findings({**base, "aux_loss": _balance(rise=0.04)})

@@ -4,7 +4,9 @@ re-initialised at step 50 is named ``router_corruption`` from the KL's step alon
 routing metric), and the batch's healthy runs and its run with routers noised at their own scale
 (KL x17, under the x30) show no step. The LR never reached (levels.lr_never_reached): the run whose
 warm-up is 100x its length is named ``actor_update_omission`` from its config, and without the
-config it is not."""
+config it is not. The load-balancing loss (levels.balance_loss_rises, written after trl_runs_7):
+both router runs end with TRL's ``aux_loss`` 0.8% above where it started, and the noised one, which
+no other rule sees, is named ``router_corruption`` from it; the batch's healthy runs are not."""
 
 from __future__ import annotations
 
@@ -49,3 +51,19 @@ def test_a_real_warm_up_longer_than_the_run_is_named_from_its_config():
     assert not [f for f in bare.findings if f.rule == "lr_never_reached"]
     for rid in ("healthy_temperature", "healthy_clip_higher"):  # their LR reaches the configured 5e-5
         assert not [f for f in _triage(rid).findings if f.rule == "lr_never_reached"]
+
+
+@pytest.mark.parametrize("rid", ["router_noise_mid", "router_reinit_quarter"])
+def test_a_real_router_fault_raises_the_load_balancing_loss(rid):
+    res = _triage(rid)
+    (rise,) = [f for f in res.findings if f.rule == "balance_loss_rises"]
+    assert rise.source_name == "aux_loss" and 0.005 < rise.value < 0.02
+    top = res.candidates[0]
+    assert top.fault_class == "router_corruption" and rise.text in top.evidence
+
+
+@pytest.mark.parametrize("rid", ["healthy_temperature", "healthy_clip_higher"])
+def test_a_real_healthy_run_keeps_its_load_balancing_loss(rid):
+    res = _triage(rid)
+    assert not [f for f in res.findings if f.rule == "balance_loss_rises"]
+    assert res.candidates[0].fault_class == "healthy"
