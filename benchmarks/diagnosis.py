@@ -16,7 +16,7 @@ The sets:
 - ``trl_runs_2``: 10 more, new variants on seeds of their own, exported with each run's config and
   frozen before their first scoring (benchmarks/results/trl_runs_2, ``trl_runs.py --batch 2``).
 - ``trl_runs_3``: 6 more (``--batch 3``), frozen after the rules written on batch 2 and before
-  their own first scoring; ``trl_runs_4`` to ``trl_runs_7``: 6 more each (``--batch 4`` to ``--batch 7``), the same
+  their own first scoring; ``trl_runs_4`` to ``trl_runs_8``: 6 more each (``--batch 4`` to ``--batch 8``), the same
   way after the batch before.
 - ``public_runs``: 18 real verl and TRL logs other people published, labelled by what their authors
   say (benchmarks/public_runs; 17 healthy): runs the project neither made nor chose.
@@ -64,14 +64,10 @@ import evalsets  # the scorer of every labelled set (found through the path abov
 
 #: set name -> reference model of the in-engine held-out sets.
 REFERENCES: dict[str, str] = {"heldout-qwen3": "qwen3-moe-64e-rl", "heldout-deepseek": "deepseek-v3-64e-rl"}
+#: The real TRL batches, in the order they were frozen (trl_runs.py --batch 1 to 8).
+TRL_SETS: tuple[str, ...] = ("trl_runs",) + tuple(f"trl_runs_{k}" for k in range(2, 9))
 FIELD_SETS: dict[str, Path] = {"field": ROOT / "benchmarks" / "field",
-                               "trl_runs": ROOT / "benchmarks" / "results" / "trl_runs",
-                               "trl_runs_2": ROOT / "benchmarks" / "results" / "trl_runs_2",
-                               "trl_runs_3": ROOT / "benchmarks" / "results" / "trl_runs_3",
-                               "trl_runs_4": ROOT / "benchmarks" / "results" / "trl_runs_4",
-                               "trl_runs_5": ROOT / "benchmarks" / "results" / "trl_runs_5",
-                               "trl_runs_6": ROOT / "benchmarks" / "results" / "trl_runs_6",
-                               "trl_runs_7": ROOT / "benchmarks" / "results" / "trl_runs_7",
+                               **{name: ROOT / "benchmarks" / "results" / name for name in TRL_SETS},
                                "public_runs": ROOT / "benchmarks" / "public_runs",
                                "public_runs_2": ROOT / "benchmarks" / "public_runs_2"}
 HELDOUT_ROOT = ROOT / "benchmarks" / "heldout"

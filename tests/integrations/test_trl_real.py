@@ -218,36 +218,45 @@ def test_batch_5s_mid_run_faults_act_on_a_real_optimizer():
     assert flipped([format_prompt(ex)], [get_format("reasoning").target(ex)], **kw) == [-1.0]
 
 
+def _assert_routers_changed(checkpoint, key: str, onset: int, acts_at: int, changed_rows: float) -> None:
+    """Run ``key``'s injection on a real tiny Qwen3-MoE: it returns ``onset``, leaves every weight
+    as it was before step ``acts_at``, and at that step changes ``changed_rows`` of the rows of every
+    MoE layer's gate and nothing else (re-initialised rows to the initialiser's scale)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    setup = trl_runs.Setup(model=None, steps=200, config={"seed": 7})
+    assert trl_runs.RUNS[key].apply(setup) == onset
+    (act,) = setup.callbacks
+    if acts_at > 1:
+        act.on_step_begin(None, _state(acts_at - 1), None, model=model)
+        assert all(torch.equal(before[n], p) for n, p in model.named_parameters()), key  # not yet
+    act.on_step_begin(None, _state(acts_at), None, model=model)
+    gates = [n for n in before if n.endswith("mlp.gate.weight")]
+    assert gates and len(gates) == model.config.num_hidden_layers
+    for n, p in model.named_parameters():
+        if n not in gates:
+            assert torch.equal(before[n], p), (key, n)
+            continue
+        rows = (before[n] != p).any(dim=1).float().mean().item()
+        assert rows == pytest.approx(changed_rows, abs=1 / p.shape[0]), (key, n)
+    if "reinit" in key:
+        new = torch.cat([p[(before[n] != p).any(dim=1)] for n, p in model.named_parameters() if n in gates])
+        assert new.std().item() == pytest.approx(model.config.initializer_range, rel=0.2)
+
+
 def test_batch_6s_faults_damage_the_routers_and_the_reward_they_name(tiny_checkpoint):
     """Batch 6 on a real tiny Qwen3-MoE: the router noise and the row re-initialisation change every
     MoE layer's gate (the noise every row, the re-initialisation a quarter of the rows, to the
     initialiser's scale) and nothing else, at their step only; the shuffled checker scores a right
     answer 0 when the other prompt's answer differs; the endless warm-up is a config edit."""
-    import torch
     from moeproxy.reproduction.formats import get_format
     from moeproxy.reproduction.tasks import format_prompt, make_split
-    from transformers import AutoModelForCausalLM
 
     for key, at, changed_rows in (("router_noise_mid", 100, 1.0), ("router_reinit_quarter", 50, 0.25)):
-        model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        setup = trl_runs.Setup(model=None, steps=200, config={"seed": 7})
-        assert trl_runs.RUNS[key].apply(setup) == at
-        (act,) = setup.callbacks
-        act.on_step_begin(None, _state(at - 1), None, model=model)
-        assert all(torch.equal(before[n], p) for n, p in model.named_parameters()), key  # not yet
-        act.on_step_begin(None, _state(at), None, model=model)
-        gates = [n for n in before if n.endswith("mlp.gate.weight")]
-        assert gates and len(gates) == model.config.num_hidden_layers
-        for n, p in model.named_parameters():
-            if n not in gates:
-                assert torch.equal(before[n], p), (key, n)
-                continue
-            rows = (before[n] != p).any(dim=1).float().mean().item()
-            assert rows == pytest.approx(changed_rows, abs=1 / p.shape[0]), (key, n)
-        if key == "router_reinit_quarter":
-            new = torch.cat([p[(before[n] != p).any(dim=1)] for n, p in model.named_parameters() if n in gates])
-            assert new.std().item() == pytest.approx(model.config.initializer_range, rel=0.2)
+        _assert_routers_changed(tiny_checkpoint, key, at, at, changed_rows)
 
     setup = trl_runs.Setup(model=None, steps=200, config={})
     assert trl_runs.RUNS["reward_shuffled"].apply(setup) == 0
@@ -324,6 +333,23 @@ def test_batch_7s_faults_act_where_they_say(tiny_checkpoint):
         opt.step()
         opt.zero_grad()
         assert (not torch.equal(before_w, lin.weight)) == (step % 2 == 1), step
+
+
+def test_batch_8s_router_faults_change_the_gates_at_their_step(tiny_checkpoint):
+    """Batch 8 on a real tiny Qwen3-MoE: the early noise at step 50, the noise before the first
+    update (onset 0, applied as step 1 begins), half the rows re-initialised at step 120, an eighth
+    of them x4 at step 100; each changes every MoE layer's gate only. Its healthy runs are config
+    edits that GRPOConfig takes."""
+    for key, onset, acts_at, changed_rows in (("router_noise_early", 50, 50, 1.0), ("router_noise_start", 0, 1, 1.0),
+                                              ("router_reinit_half_late", 120, 120, 0.5),
+                                              ("router_rows_scaled_mid", 100, 100, 0.125)):
+        _assert_routers_changed(tiny_checkpoint, key, onset, acts_at, changed_rows)
+    from trl import GRPOConfig
+
+    for key, field, value in (("healthy_aux_coef_high", "router_aux_loss_coef", 0.1), ("healthy_beta_low", "beta", 0.01)):
+        setup = trl_runs.Setup(model=None, steps=200, config=trl_runs.base_config(200, 140, "/tmp/unused"))
+        assert trl_runs.RUNS[key].apply(setup) is None
+        assert getattr(GRPOConfig(**setup.config), field) == value
 
 
 def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys):
