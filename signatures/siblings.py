@@ -169,6 +169,11 @@ SEPARATORS: dict[str, Separator] = {
               "leaves it unchanged (downcast_bf16 rounds only the rollout's copy and lowers it like a "
               "routing mismatch)",
               _against("routing_mismatch")),
+            M("balance_loss", "aux_loss",
+              "router_corruption by noise, re-initialised or rescaled rows raises the MoE load-balancing "
+              "loss from its step on (0.8-21% in real TRL runs, which log it as aux_loss when the model's "
+              "router_aux_loss_coef is not 0), where reward, update and KL faults leave it level or falling",
+              _against("reward_fault", "actor_update_omission", "kl_misconfiguration", HEALTHY)),
         ),
         tests=(
             T("compare the router weights with the last good checkpoint's: router_corruption's noise or "

@@ -179,3 +179,17 @@ def test_classes_one_finding_scores_alike_are_ranked_in_the_order_its_source_nam
     ahead = [*tied, candidate("stale_weight_sync", 0.34)]
     assert ranked(ahead, [level])[0].score == 0.34
     assert tie_rank("rollout_logp_precision", [level]) == 0 and tie_rank("healthy", [level]) == float("inf")
+
+
+def test_a_router_fault_tied_with_a_quiet_run_is_told_apart_by_the_balance_loss():
+    from moeproxy.signatures.siblings import separating_sentences
+
+    for tied in (("healthy", "router_corruption"), ("router_corruption", "actor_update_omission")):
+        (log,) = [s for s in separating_sentences(tied) if s.startswith("log aux_loss")]
+        assert "raises the MoE load-balancing loss" in log and "router_aux_loss_coef" in log
+    # A run that logs it is pointed at it under its own name.
+    look = separating_sentences(("healthy", "router_corruption"), logged={"balance_loss"},
+                                source_of={"balance_loss": "aux_loss"})
+    assert any(s.startswith("look at aux_loss") for s in look)
+    # An LR fault raises it too: it separates nothing there.
+    assert not [s for s in separating_sentences(("router_corruption", "lr_misconfiguration")) if "aux_loss" in s]
