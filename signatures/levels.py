@@ -934,10 +934,12 @@ def _balance_loss_rises(run: CanonicalRun) -> list[Finding]:
         return []
     if _lr_raised(run) or _lr_level(run) or _nonfinite(run) or _nonfinite_update_skipped(run):
         return []
+    # A trace logged with no step-to-step noise (a value repeated each update) has width 0.
+    widths = f"{rise / width:.1f} noise widths" if width > 0 else "no step-to-step noise"
     return [Finding("balance_loss_rises", "balance_loss", s.source, rise / abs(first), BALANCE_RISE_REL,
                     ("router_corruption",),
                     f"{s.source} ends the run {rise / abs(first):.2%} above where it started (median {first:.4g} over the "
-                    f"first quarter, {last:.4g} over the last; {rise / width:.1f} noise widths): the routers spread "
+                    f"first quarter, {last:.4g} over the last; {widths}): the routers spread "
                     "tokens over fewer experts than they did, as a damaged or re-initialised router does",
                     "switch-balance")]
 

@@ -539,6 +539,10 @@ def test_a_balance_rise_inside_the_noise_or_under_half_a_percent_is_nothing(seed
     # 0.4% of the level: more noise widths than the 4 needed on a quiet trace, but under 0.5%.
     quiet = 4.05 + np.random.default_rng(seed).normal(0, 0.002, N) + np.where(np.arange(N) >= 100, 0.016, 0.0)
     assert not _balance_findings({**base, "aux_loss": quiet})
+    # A noiseless trace (a value repeated at every update): the level alone decides, and says so.
+    steps_only = 4.05 + np.where(np.arange(N) >= 100, 0.04, 0.0)
+    (found,) = _balance_findings({**base, "aux_loss": steps_only})
+    assert "no step-to-step noise" in found.text
     # 1% of the level on a trace whose step noise is 0.2: well inside four widths.
     noisy = 4.05 + np.random.default_rng(seed).normal(0, 0.2, N) + np.where(np.arange(N) >= 100, 0.04, 0.0)
     assert not _balance_findings({**base, "aux_loss": noisy})
