@@ -57,7 +57,11 @@ optimizer update dropped from the first (``actor_update_omission``). Batch 8 (``
 batches 6 and 7 and before its own first scoring: healthy at ``router_aux_loss_coef`` 0.1 (10x the
 model's) and at ``beta`` 0.01; the routers noised at 2x their scale at a quarter of the run, and at
 their own scale before the first update; half their rows re-initialised at 60% of the run; an
-eighth of their rows x4 halfway (all ``router_corruption``).
+eighth of their rows x4 halfway (all ``router_corruption``). Batch 9 (``--batch 9``,
+``benchmarks/results/trl_runs_9``, seeds 160-165), frozen after batch 8 (no rule was written on it)
+and before its own first scoring: healthy at ``temperature`` 1.2 and at ``top_p`` 0.9; milder router
+faults (noise at half the routers' scale at a quarter and at three quarters of the run, an eighth
+of their rows re-initialised halfway); the LR schedule x10 from halfway (``lr_misconfiguration``).
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -411,16 +415,21 @@ def _reward_sign_flip(setup: Setup) -> int:
     return 0
 
 
-def _lr_x100_late(setup: Setup) -> int:
-    def raise_lr(optimizer, lr_scheduler) -> None:
-        # A resumed run whose LR override multiplies the schedule: every later step at x100.
-        for group in optimizer.param_groups:
-            group["lr"] *= 100
-        lr_scheduler.base_lrs = [b * 100 for b in lr_scheduler.base_lrs]
+def _lr_times_late(factor: float, share: float) -> Callable[[Setup], int]:
+    """The LR schedule multiplied by ``factor`` from step round(share x steps): a resumed run whose
+    LR override multiplies the schedule, every later step at ``factor`` times."""
 
-    at = _at(setup, 0.5)
-    setup.callbacks.append(step_flag_callback(at, raise_lr))
-    return at
+    def apply(setup: Setup) -> int:
+        def raise_lr(optimizer, lr_scheduler) -> None:
+            for group in optimizer.param_groups:
+                group["lr"] *= factor
+            lr_scheduler.base_lrs = [b * factor for b in lr_scheduler.base_lrs]
+
+        at = _at(setup, share)
+        setup.callbacks.append(step_flag_callback(at, raise_lr))
+        return at
+
+    return apply
 
 
 def _negative_beta_small(setup: Setup) -> int:
@@ -535,6 +544,14 @@ def _healthy_aux_coef_high(setup: Setup) -> None:
 
 def _healthy_beta_low(setup: Setup) -> None:
     setup.config["beta"] = 0.01  # a looser hold on the reference than the healthy run's 0.04
+
+
+def _healthy_temperature_high(setup: Setup) -> None:
+    setup.config["temperature"] = 1.2  # more exploratory sampling than TRL's default 1.0
+
+
+def _healthy_top_p(setup: Setup) -> None:
+    setup.config["top_p"] = 0.9  # nucleus sampling
 
 
 def _reward_shuffled(setup: Setup) -> int:
@@ -670,7 +687,7 @@ RUNS: dict[str, RunKind] = {
                                    _healthy_scale_batch),
     "reward_sign_flip": RunKind("reward_fault", "accuracy_reward with its sign flipped", _reward_sign_flip),
     "lr_x100_late": RunKind("lr_misconfiguration", "the LR schedule x100 from step round(0.5 x steps)",
-                            _lr_x100_late),
+                            _lr_times_late(100, 0.5)),
     "negative_beta_small": RunKind("kl_misconfiguration", "GRPOConfig.beta -0.01", _negative_beta_small),
     "update_dropped_late": RunKind("actor_update_omission",
                                    "gradients cleared after the logged norm, before every optimizer step from "
@@ -712,6 +729,21 @@ RUNS: dict[str, RunKind] = {
                                        "round(0.6 x steps)", _router_reinit(2, 0.6)),
     "router_rows_scaled_mid": RunKind("router_corruption", "an eighth of every router's rows x4 at step "
                                       "round(0.5 x steps)", _router_rows_scaled_mid),
+    # Batch 9: frozen after batch 8 (no rule was written on it), before its own first scoring; milder
+    # router faults than before and an LR raised mid-run (which moves the routers through the optimizer).
+    "healthy_temperature_high": RunKind("healthy", "nothing injected; GRPOConfig.temperature 1.2",
+                                        _healthy_temperature_high),
+    "healthy_top_p": RunKind("healthy", "nothing injected; GRPOConfig.top_p 0.9", _healthy_top_p),
+    "router_noise_mild_late": RunKind("router_corruption", "Gaussian noise at half each router's own scale added "
+                                      "to every mlp.gate.weight at step round(0.75 x steps)",
+                                      _router_noise(0.75, 0.5)),
+    "router_noise_mild_early": RunKind("router_corruption", "Gaussian noise at half each router's own scale added "
+                                       "to every mlp.gate.weight at step round(0.25 x steps)",
+                                       _router_noise(0.25, 0.5)),
+    "router_reinit_eighth_mid": RunKind("router_corruption", "an eighth of every router's rows re-initialised at "
+                                        "step round(0.5 x steps)", _router_reinit(8, 0.5)),
+    "lr_x10_late": RunKind("lr_misconfiguration", "the LR schedule x10 from step round(0.5 x steps)",
+                           _lr_times_late(10, 0.5)),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -738,6 +770,9 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "8": (("healthy_aux_coef_high", "healthy_beta_low", "router_noise_early", "router_noise_start",
            "router_reinit_half_late", "router_rows_scaled_mid"),
           ROOT / "benchmarks" / "results" / "trl_runs_8", 140, True),
+    "9": (("healthy_temperature_high", "healthy_top_p", "router_noise_mild_late", "router_noise_mild_early",
+           "router_reinit_eighth_mid", "lr_x10_late"),
+          ROOT / "benchmarks" / "results" / "trl_runs_9", 160, True),
 }
 
 
