@@ -111,6 +111,12 @@ class MetricSignature:
         """It moved, then stopped moving for good (``freeze_index``)."""
         return self.freeze_index is not None
 
+    @property
+    def flat_baseline(self) -> bool:
+        """Its baseline did not move at all (its scale is the floor): a shift away from it has no
+        size in noise units (TRL's clipped ratio at exactly 0 until completions start to hit the cap)."""
+        return self.baseline_scale <= _scale_floor(self.baseline_level) * (1.0 + 1e-9)
+
 
 @dataclass(frozen=True)
 class RunSignature:

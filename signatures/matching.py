@@ -664,7 +664,10 @@ def describe_metric(ms: MetricSignature) -> str | None:
             text = f"{src} dropped to ×{_fmt(ms.ratio)} of its baseline {at}"
         else:
             verb = "rose" if ms.direction > 0 else "fell"
-            text = f"{src} {verb} by {abs(ms.effect_z):.1f} baseline σ {at}"
+            if ms.flat_baseline:
+                text = f"{src} {verb} from a constant {ms.baseline_level:.4g} to {ms.post_level:.4g} {at}"
+            else:
+                text = f"{src} {verb} by {abs(ms.effect_z):.1f} baseline σ {at}"
         if ms.frozen:
             text += f", constant {ms.freeze_value:.4g} from step {ms.freeze_step}"
         elif ms.trend:

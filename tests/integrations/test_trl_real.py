@@ -352,6 +352,32 @@ def test_batch_8s_router_faults_change_the_gates_at_their_step(tiny_checkpoint):
         assert getattr(GRPOConfig(**setup.config), field) == value
 
 
+def test_batch_9s_milder_faults_act_where_they_say(tiny_checkpoint):
+    """Batch 9: half-scale router noise at steps 50 and 150 and an eighth of the rows re-initialised
+    at step 100 change the gates only; the LR schedule x10 from step 100 through a real AdamW and
+    LambdaLR; the healthy runs' sampling settings are ones GRPOConfig takes."""
+    import torch
+    from trl import GRPOConfig
+
+    for key, at, changed_rows in (("router_noise_mild_early", 50, 1.0), ("router_noise_mild_late", 150, 1.0),
+                                  ("router_reinit_eighth_mid", 100, 0.125)):
+        _assert_routers_changed(tiny_checkpoint, key, at, at, changed_rows)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / 200)
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["lr_x10_late"].apply(setup) == 100
+    (raise_lr,) = setup.callbacks
+    raise_lr.on_step_begin(None, _state(99), None, optimizer=opt, lr_scheduler=sched)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)
+    raise_lr.on_step_begin(None, _state(100), None, optimizer=opt, lr_scheduler=sched)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2) and sched.base_lrs == [pytest.approx(1e-2)]
+    for key, field, value in (("healthy_temperature_high", "temperature", 1.2), ("healthy_top_p", "top_p", 0.9)):
+        setup = trl_runs.Setup(model=None, steps=200, config=trl_runs.base_config(200, 160, "/tmp/unused"))
+        assert trl_runs.RUNS[key].apply(setup) is None
+        assert getattr(GRPOConfig(**setup.config), field) == value
+
+
 def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys):
     keys, out, _first, own = trl_runs.BATCHES["2"]
     assert own and out.name == "trl_runs_2" and len(set(keys)) == len(keys)

@@ -169,6 +169,24 @@ def test_a_tiny_metric_that_freezes_without_a_shift_is_described_as_stopped():
     assert text is not None and "actor/ppo_kl" in text and "from step 24" in text
 
 
+def test_a_shift_from_a_constant_baseline_is_described_by_its_levels_not_in_noise_units():
+    from moeproxy.signatures.canonical import RunMetrics, canonicalise
+    from moeproxy.signatures.features import run_signature
+    from moeproxy.signatures.matching import describe_metric
+
+    rng = np.random.default_rng(4)
+    clipped = np.where(np.arange(200) >= 120, 0.1 + np.abs(rng.normal(0, 0.01, 200)), 0.0)
+    steps = [{"step": i + 1, "values": {"completions/clipped_ratio": float(clipped[i])}} for i in range(200)]
+    ms = run_signature(canonicalise(RunMetrics.from_steps(steps, framework="trl"))).metrics["length_clip_ratio"]
+    assert ms.direction == 1 and ms.flat_baseline
+    text = describe_metric(ms)
+    assert "from a constant 0 to 0.1" in text and "σ" not in text
+    noisy = np.abs(rng.normal(0.02, 0.002, 200)) + np.where(np.arange(200) >= 120, 0.01, 0.0)
+    steps = [{"step": i + 1, "values": {"completions/clipped_ratio": float(noisy[i])}} for i in range(200)]
+    ms = run_signature(canonicalise(RunMetrics.from_steps(steps, framework="trl"))).metrics["length_clip_ratio"]
+    assert ms.direction == 1 and not ms.flat_baseline and "baseline σ" in describe_metric(ms)
+
+
 def test_a_change_only_some_proxy_runs_showed_costs_less_when_missed(synthetic_library):
     """A fingerprint metric whose direction 2 of 3 proxy seeds agreed on is a softer expectation
     than one all seeds agreed on: a run without that change loses less of its score."""
