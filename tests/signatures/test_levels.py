@@ -99,6 +99,22 @@ def test_groups_that_tie_only_after_the_first_update_broke_the_policy_are_not_th
     assert "no_reward_signal" in _rules({**base, "frac_reward_zero_std": tied, "entropy": np.where(t >= 3, 1.8, 0.9)})
 
 
+def test_a_policy_that_ties_many_groups_but_not_all_is_not_a_silent_reward():
+    """Two prompts a step give a tie share of 0, 0.5 or 1: a near-deterministic healthy policy (a
+    real TRL run at top_p 0.9) ties every group on most of its first steps and two thirds of them
+    over the run. The reward scores; only a reward that ties throughout is silent."""
+    base = _healthy_trl()
+    rng = np.random.default_rng(5)
+    share = rng.choice([0.0, 0.5, 1.0], size=N, p=[0.15, 0.35, 0.5])
+    share[:10] = [1, 0, 1, 0.5, 1, 1, 1, 1, 0.5, 0.5]  # the real run's first ten: median 1
+    assert 0.6 < share.mean() < 0.8
+    assert "no_reward_signal" not in _rules({**base, "frac_reward_zero_std": share})
+    # The same first steps, then ties on 19 steps of every 20: the reward is silent.
+    silent = np.where(np.arange(N) % 20 == 7, 0.5, 1.0)
+    silent[:10] = share[:10]
+    assert "no_reward_signal" in _rules({**base, "frac_reward_zero_std": silent})
+
+
 def test_a_zero_gradient_on_steps_whose_groups_all_tied_or_on_a_few_steps_of_a_training_run_is_no_omission():
     """GRPO's gradient is 0 when every group ties (no advantage), and a logging point that samples one
     step of an interval can catch such a step: neither is an update the framework dropped."""
