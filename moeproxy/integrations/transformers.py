@@ -73,6 +73,7 @@ class MoeproxyCallback(TrainerCallback):
                 "num_generations",
                 "loss_type",
                 "max_steps",
+                "router_aux_loss_coef",  # TRL logs the MoE balance loss (aux_loss) only when it is not 0
             )
             args_dict = args.to_dict()
             config["training_args"] = {k: args_dict[k] for k in wanted if k in args_dict}

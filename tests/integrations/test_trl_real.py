@@ -128,6 +128,16 @@ def test_batch_2s_faults_reach_the_trace_with_the_runs_config(sqlite_live_server
     assert all(s["values"]["learning_rate"] == 0.0 for s in frozen["trace"]["steps"])
 
 
+def test_a_moe_policy_logs_its_balance_loss_and_the_run_says_its_coefficient(sqlite_live_server, tiny_checkpoint,
+                                                                           tmp_path):
+    """TRL logs the MoE load-balancing loss (aux_loss) at every step of a policy whose routers have a
+    balance coefficient, and the callback sends that coefficient with the run's settings."""
+    run = _run("healthy_aux_coef_high", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert run["ended"] == "finished"
+    assert run["trace"]["config"]["training_args"]["router_aux_loss_coef"] == 0.1
+    assert all(s["values"]["aux_loss"] > 0 for s in run["trace"]["steps"])
+
+
 def test_batch_4s_halfway_faults_start_at_their_step(sqlite_live_server, tiny_checkpoint, tmp_path):
     """Batch 4's faults that start halfway, on the tiny checkpoint for 3 steps (halfway: step 2):
     the parameters freeze (a gradient before, none after), a +inf gradient is stored as such."""
