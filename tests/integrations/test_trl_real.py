@@ -187,6 +187,25 @@ def _state(step: int):
     return State
 
 
+def _assert_lr_raised(key: str, at: int, factor: float) -> None:
+    """``key``'s injection through a real AdamW and LambdaLR: the LR as scheduled before step ``at``,
+    ``factor`` times it from that step, and the schedule going on from the raised base."""
+    import torch
+
+    opt = torch.optim.AdamW(torch.nn.Linear(4, 1).parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / 200)
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS[key].apply(setup) == at
+    (raise_lr,) = setup.callbacks
+    raise_lr.on_step_begin(None, _state(at - 1), None, optimizer=opt, lr_scheduler=sched)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)  # not yet
+    raise_lr.on_step_begin(None, _state(at), None, optimizer=opt, lr_scheduler=sched)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * factor)
+    opt.step()
+    sched.step()  # the schedule goes on from the raised base
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * factor * (1.0 - 1 / 200))
+
+
 def test_batch_5s_mid_run_faults_act_on_a_real_optimizer():
     """Batch 5's faults through a real AdamW and LambdaLR: the LR schedule x100 from its step on,
     every update dropped from its step on after the gradient exists, the accuracy sign flipped."""
@@ -194,19 +213,9 @@ def test_batch_5s_mid_run_faults_act_on_a_real_optimizer():
     from moeproxy.reproduction.formats import get_format
     from moeproxy.reproduction.tasks import format_prompt, make_split
 
+    _assert_lr_raised("lr_x100_late", 100, 100.0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / 200)
-
-    setup = trl_runs.Setup(model=None, steps=200, config={})
-    assert trl_runs.RUNS["lr_x100_late"].apply(setup) == 100
-    (raise_lr,) = setup.callbacks
-    raise_lr.on_step_begin(None, _state(99), None, model=model, optimizer=opt, lr_scheduler=sched)
-    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)  # step 99: not yet
-    raise_lr.on_step_begin(None, _state(100), None, model=model, optimizer=opt, lr_scheduler=sched)
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
-    sched.step()  # the schedule goes on from the raised base
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * (1.0 - 1 / 200))
 
     setup = trl_runs.Setup(model=None, steps=200, config={})
     assert trl_runs.RUNS["update_dropped_late"].apply(setup) == 100
@@ -366,22 +375,12 @@ def test_batch_9s_milder_faults_act_where_they_say(tiny_checkpoint):
     """Batch 9: half-scale router noise at steps 50 and 150 and an eighth of the rows re-initialised
     at step 100 change the gates only; the LR schedule x10 from step 100 through a real AdamW and
     LambdaLR; the healthy runs' sampling settings are ones GRPOConfig takes."""
-    import torch
     from trl import GRPOConfig
 
     for key, at, changed_rows in (("router_noise_mild_early", 50, 1.0), ("router_noise_mild_late", 150, 1.0),
                                   ("router_reinit_eighth_mid", 100, 0.125)):
         _assert_routers_changed(tiny_checkpoint, key, at, at, changed_rows)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / 200)
-    setup = trl_runs.Setup(model=None, steps=200, config={})
-    assert trl_runs.RUNS["lr_x10_late"].apply(setup) == 100
-    (raise_lr,) = setup.callbacks
-    raise_lr.on_step_begin(None, _state(99), None, optimizer=opt, lr_scheduler=sched)
-    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)
-    raise_lr.on_step_begin(None, _state(100), None, optimizer=opt, lr_scheduler=sched)
-    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2) and sched.base_lrs == [pytest.approx(1e-2)]
+    _assert_lr_raised("lr_x10_late", 100, 10.0)
     for key, field, value in (("healthy_temperature_high", "temperature", 1.2), ("healthy_top_p", "top_p", 0.9)):
         setup = trl_runs.Setup(model=None, steps=200, config=trl_runs.base_config(200, 160, "/tmp/unused"))
         assert trl_runs.RUNS[key].apply(setup) is None
