@@ -497,44 +497,45 @@ def _router_noise(share: float | None, scale: float) -> Callable[[Setup], int]:
     return apply
 
 
-def _router_reinit(parts: int, share: float) -> Callable[[Setup], int]:
-    """One in ``parts`` of every router's rows re-initialised at step round(share x steps) (an
-    expert-parallel reshard or a resume that loads those experts' gate rows from the initialiser
-    instead of the checkpoint)."""
+def _router_rows(parts: int, share: float, change: Callable[..., None]) -> Callable[[Setup], int]:
+    """One in ``parts`` of every router's rows, drawn with the run's seed, changed in place by
+    ``change(w, rows, gen, model)`` at step round(share x steps)."""
 
     def apply(setup: Setup) -> int:
-        def reinit(model) -> None:
+        def damage(model) -> None:
             import torch
 
             gen = torch.Generator().manual_seed(setup.config["seed"])
-            std = model.config.initializer_range
             with torch.no_grad():
                 for w in router_gates(model):
                     rows = torch.randperm(w.shape[0], generator=gen)[: w.shape[0] // parts]
-                    w[rows] = (torch.randn((rows.numel(), w.shape[1]), generator=gen) * std).to(w.dtype)
+                    change(w, rows, gen, model)
 
         at = _at(setup, share)
-        setup.callbacks.append(step_flag_callback(at, reinit))
+        setup.callbacks.append(step_flag_callback(at, damage))
         return at
 
     return apply
 
 
-def _router_rows_scaled_mid(setup: Setup) -> int:
-    def scale(model) -> None:
-        # An eighth of every router's rows x4 (a shard loaded with its scale applied twice): those
-        # experts' logits grow, and the tokens they already won they win by more.
-        import torch
+def _reinit_rows(w, rows, gen, model) -> None:
+    # Rows loaded from the initialiser instead of the checkpoint (an expert-parallel reshard, a
+    # resume that misses those experts' gate rows).
+    import torch
 
-        gen = torch.Generator().manual_seed(setup.config["seed"])
-        with torch.no_grad():
-            for w in router_gates(model):
-                rows = torch.randperm(w.shape[0], generator=gen)[: w.shape[0] // 8]
-                w[rows] *= 4.0
+    std = model.config.initializer_range
+    w[rows] = (torch.randn((rows.numel(), w.shape[1]), generator=gen) * std).to(w.dtype)
 
-    at = _at(setup, 0.5)
-    setup.callbacks.append(step_flag_callback(at, scale))
-    return at
+
+def _scale_rows(w, rows, gen, model) -> None:
+    # Rows x4 (a shard loaded with its scale applied twice): those experts' logits grow, and the
+    # tokens they already won they win by more.
+    w[rows] *= 4.0
+
+
+def _router_reinit(parts: int, share: float) -> Callable[[Setup], int]:
+    """One in ``parts`` of every router's rows re-initialised at step round(share x steps)."""
+    return _router_rows(parts, share, _reinit_rows)
 
 
 def _healthy_aux_coef_high(setup: Setup) -> None:
@@ -728,7 +729,7 @@ RUNS: dict[str, RunKind] = {
     "router_reinit_half_late": RunKind("router_corruption", "half of every router's rows re-initialised at step "
                                        "round(0.6 x steps)", _router_reinit(2, 0.6)),
     "router_rows_scaled_mid": RunKind("router_corruption", "an eighth of every router's rows x4 at step "
-                                      "round(0.5 x steps)", _router_rows_scaled_mid),
+                                      "round(0.5 x steps)", _router_rows(8, 0.5, _scale_rows)),
     # Batch 9: frozen after batch 8 (no rule was written on it), before its own first scoring; milder
     # router faults than before and an LR raised mid-run (which moves the routers through the optimizer).
     "healthy_temperature_high": RunKind("healthy", "nothing injected; GRPOConfig.temperature 1.2",
