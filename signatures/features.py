@@ -218,7 +218,7 @@ def _robust_scale(x: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
 
 
-def _noise_scale(y: np.ndarray) -> float:
+def noise_scale(y: np.ndarray) -> float:
     """Point-to-point noise from first differences (robust to trends and level shifts)."""
     if y.size < 3:
         return 0.0
@@ -336,7 +336,7 @@ def _find_onset(y: np.ndarray, params: SignatureParams) -> tuple[int | None, flo
     n = y.size
     onset, onset_p = None, 1.0
     if n >= 2 * params.min_segment + 2 and np.ptp(y) > 0:
-        noise = _noise_scale(y)
+        noise = noise_scale(y)
         cands = _change_candidates(y, params)
         bounds = [0, *cands, n]
         tested: list[tuple[int, float, float]] = []  # (candidate, p, standardised shift)
@@ -402,7 +402,7 @@ def _analyse(series: CanonicalSeries, params: SignatureParams) -> _Raw:
         lon, lp = _find_onset(ly, params)
         if lon is not None:
             shift = float(np.median(ly[lon:]) - np.median(ly[:lon]))
-            log_z = shift / max(_robust_scale(ly[:lon]), _noise_scale(ly), 1e-6)
+            log_z = shift / max(_robust_scale(ly[:lon]), noise_scale(ly), 1e-6)
             if abs(shift) >= wanted and abs(log_z) >= params.min_effect:
                 raw = _levels(x, y, block, lon, lp, params, effect_z=log_z, trend_of=ly)
     return raw
@@ -425,7 +425,7 @@ def _levels(x: np.ndarray, y: np.ndarray, block: int, onset: int | None, onset_p
         post_x = x[nb:] if x.size > nb else x[-1:]
     pre_level = float(np.median(pre_x))
     post_level = float(np.median(post_x))
-    scale = max(_robust_scale(pre_x), _noise_scale(pre_x), _noise_scale(y), _scale_floor(pre_level))
+    scale = max(_robust_scale(pre_x), noise_scale(pre_x), noise_scale(y), _scale_floor(pre_level))
     if effect_z is None:
         effect_z = (post_level - pre_level) / scale
     t = y if trend_of is None else trend_of

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from moeproxy.signatures.canonical import CanonicalRun, CanonicalSeries
+from moeproxy.signatures.features import noise_scale
 
 #: Where each range comes from (docs/signatures.md, "Whole-run evidence").
 SOURCES: dict[str, str] = {
@@ -934,8 +935,7 @@ def _balance_loss_rises(run: CanonicalRun) -> list[Finding]:
     first, last = float(np.median(v[:q])), float(np.median(v[-q:]))
     # The noise of one step from its neighbours (robust, so a spike does not widen it), and of a
     # quarter's median from it (white noise: 1.2533 sigma / sqrt(q)); the difference of two medians.
-    sigma = 1.4826 * float(np.median(np.abs(np.diff(v) - np.median(np.diff(v))))) / math.sqrt(2.0)
-    width = math.sqrt(2.0) * 1.2533 * sigma / math.sqrt(q)
+    width = math.sqrt(2.0) * 1.2533 * noise_scale(v) / math.sqrt(q)
     rise = last - first
     if rise <= max(BALANCE_RISE_Z * width, BALANCE_RISE_REL * abs(first)):
         return []

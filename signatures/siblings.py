@@ -173,9 +173,8 @@ SEPARATORS: dict[str, Separator] = {
               "router_corruption by noise, re-initialised or rescaled rows raises the MoE load-balancing "
               "loss from its step on (0.8-21% in real TRL runs with noise at the routers' own scale or "
               "more, a quarter or more of their rows re-initialised or an eighth of them x4; under 0.5% "
-              "for milder damage; TRL "
-              "logs it as aux_loss when the model's router_aux_loss_coef is not 0), where reward, update "
-              "and KL faults leave it level or falling",
+              "for milder damage; TRL logs it as aux_loss when the model's router_aux_loss_coef is not "
+              "0), where reward, update and KL faults leave it level or falling",
               _against("reward_fault", "actor_update_omission", "kl_misconfiguration", HEALTHY)),
         ),
         tests=(
