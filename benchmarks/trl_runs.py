@@ -62,6 +62,11 @@ eighth of their rows x4 halfway (all ``router_corruption``). Batch 9 (``--batch 
 and before its own first scoring: healthy at ``temperature`` 1.2 and at ``top_p`` 0.9; milder router
 faults (noise at half the routers' scale at a quarter and at three quarters of the run, an eighth
 of their rows re-initialised halfway); the LR schedule x10 from halfway (``lr_misconfiguration``).
+Batch 10 (``--batch 10``, ``benchmarks/results/trl_runs_10``, seeds 180-185), frozen after batch 9's
+tie-share fix and before its own first scoring: healthy at twice the LR and at a narrower clip
+(``epsilon`` 0.1); the trainer's ``beta`` negated halfway (``kl_misconfiguration``); the answer key
+wrong for 30% of the prompts (label noise) and a checker that pays for length (both
+``reward_fault``, onset 0); a NaN gradient in every MoE router at 40% of the run.
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -90,6 +95,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -155,6 +161,8 @@ class Setup:
     config: dict[str, Any]
     reward_funcs: list[Callable] = field(default_factory=lambda: [accuracy_reward, format_reward])
     callbacks: list[Any] = field(default_factory=list)
+    #: Called with the ``GRPOTrainer`` once it is built: a fault that changes the trainer itself.
+    on_trainer: list[Callable[[Any], None]] = field(default_factory=list)
 
 
 def base_config(steps: int, seed: int, output_dir: str) -> dict[str, Any]:
@@ -227,26 +235,29 @@ def _frozen_params(setup: Setup) -> int:
     return 0
 
 
-def nan_gradient_callback(at_step: int, value: float = float("nan")):
+def output_layer(model) -> list:
+    return [model.get_output_embeddings().weight]
+
+
+def nan_gradient_callback(at_step: int, value: float = float("nan"), weights: Callable[[Any], list] = output_layer):
     """A ``TrainerCallback`` that makes the backward of step ``at_step`` (1-based, as TRL logs steps)
-    give ``value`` (NaN, or +inf) for every element of the output layer's weight gradient, as an
-    overflow in backward would."""
+    give ``value`` (NaN, or +inf) for every element of the gradient of ``weights(model)`` (the
+    output layer's by default), as an overflow in backward would."""
     import torch
     from transformers import TrainerCallback
 
     class NanGradientAt(TrainerCallback):
         def __init__(self):
-            self.handle = None
+            self.handles = []
 
         def on_step_begin(self, args, state, control, model=None, **kwargs):
-            if state.global_step + 1 == at_step and self.handle is None:
-                weight = model.get_output_embeddings().weight
-                self.handle = weight.register_hook(lambda grad: torch.full_like(grad, value))
+            if state.global_step + 1 == at_step and not self.handles:
+                self.handles = [w.register_hook(lambda grad: torch.full_like(grad, value)) for w in weights(model)]
 
         def on_step_end(self, args, state, control, **kwargs):
-            if self.handle is not None:
-                self.handle.remove()
-                self.handle = None
+            for handle in self.handles:
+                handle.remove()
+            self.handles = []
 
     return NanGradientAt()
 
@@ -256,10 +267,11 @@ def _at(setup: Setup, share: float) -> int:
     return max(2, round(setup.steps * share))
 
 
-def _nan_grad_at(share: float, value: float = float("nan")) -> Callable[[Setup], int]:
+def _nan_grad_at(share: float, value: float = float("nan"),
+                 weights: Callable[[Any], list] = output_layer) -> Callable[[Setup], int]:
     def apply(setup: Setup) -> int:
         at = _at(setup, share)
-        setup.callbacks.append(nan_gradient_callback(at, value))
+        setup.callbacks.append(nan_gradient_callback(at, value, weights))
         return at
 
     return apply
@@ -626,6 +638,66 @@ def _skip_every_other(setup: Setup) -> int:
     return 0
 
 
+def _healthy_lr_double(setup: Setup) -> None:
+    setup.config["learning_rate"] *= 2.0  # twice the healthy run's LR: still a small RL LR
+
+
+def _healthy_clip_narrow(setup: Setup) -> None:
+    setup.config["epsilon"] = 0.1  # a narrower trust region than TRL's default 0.2
+
+
+def _negative_beta_late(setup: Setup) -> int:
+    # The KL term's sign flipped halfway (a resumed run whose override negates the coefficient):
+    # from then on the loss pays the policy for moving away from the reference. TRL reads
+    # ``trainer.beta`` at every step, and loaded the reference model because beta was not 0.
+    trainer: dict[str, Any] = {}
+    setup.on_trainer.append(lambda t: trainer.update(it=t))
+
+    def flip() -> None:
+        trainer["it"].beta = -abs(trainer["it"].beta)
+
+    at = _at(setup, 0.5)
+    setup.callbacks.append(step_flag_callback(at, flip))
+    return at
+
+
+#: Share of the answer key that is wrong in the label-noise run (one in ten prompts per unit).
+LABEL_NOISE_TENTHS = 3
+
+
+def noisy_label(prompt: str) -> bool:
+    """Whether ``prompt``'s answer key is one of the wrong ones: fixed per prompt (CRC-32, not
+    Python's salted ``hash``), so a prompt seen twice is wrong both times, as in a noisy data set."""
+    return zlib.crc32(prompt.encode()) % 10 < LABEL_NOISE_TENTHS
+
+
+def _reward_label_noise(setup: Setup) -> int:
+    @functools.wraps(accuracy_reward)
+    def noisy(prompts, completions, **kw) -> list[float]:
+        # Label noise: for 30% of the prompts the answer key is wrong, so a right answer scores
+        # 0 and a wrong one 1 there.
+        right = accuracy_reward(prompts, completions, **kw)
+        return [1.0 - r if noisy_label(p) else r for p, r in zip(prompts, right, strict=True)]
+
+    setup.reward_funcs = [noisy, format_reward]
+    return 0
+
+
+def _reward_length(setup: Setup) -> int:
+    from moeproxy.reproduction.formats import get_format
+
+    cap = get_format("reasoning").max_new_tokens
+
+    @functools.wraps(accuracy_reward)
+    def by_length(prompts, completions, **kw) -> list[float]:
+        # A checker that pays for length instead of correctness (a reward model's length bias):
+        # the character tokenizer makes a character a token, so 1.0 at the length limit.
+        return [min(len(c), cap) / cap for c in completions]
+
+    setup.reward_funcs = [by_length, format_reward]
+    return 0
+
+
 @dataclass(frozen=True)
 class RunKind:
     label: str  # the fault class (SPEC §3)
@@ -745,6 +817,17 @@ RUNS: dict[str, RunKind] = {
                                         "step round(0.5 x steps)", _router_reinit(8, 0.5)),
     "lr_x10_late": RunKind("lr_misconfiguration", "the LR schedule x10 from step round(0.5 x steps)",
                            _lr_times_late(10, 0.5)),
+    # batch 10
+    "healthy_lr_double": RunKind("healthy", "nothing injected; GRPOConfig.learning_rate x2", _healthy_lr_double),
+    "healthy_clip_narrow": RunKind("healthy", "nothing injected; GRPOConfig.epsilon 0.1", _healthy_clip_narrow),
+    "negative_beta_late": RunKind("kl_misconfiguration", "the trainer's beta negated at step round(0.5 x steps)",
+                                  _negative_beta_late),
+    "reward_label_noise": RunKind("reward_fault", f"accuracy_reward inverted on the {LABEL_NOISE_TENTHS}0% of prompts "
+                                  "whose answer key is wrong (fixed per prompt)", _reward_label_noise),
+    "reward_length": RunKind("reward_fault", "accuracy_reward replaced by the completion's length over the limit",
+                             _reward_length),
+    "nan_router_grad": RunKind("gradient_overflow", "NaN gradient in every MoE router at step round(0.4 x steps)",
+                               _nan_grad_at(0.4, weights=router_gates)),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -774,6 +857,9 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "9": (("healthy_temperature_high", "healthy_top_p", "router_noise_mild_late", "router_noise_mild_early",
            "router_reinit_eighth_mid", "lr_x10_late"),
           ROOT / "benchmarks" / "results" / "trl_runs_9", 160, True),
+    "10": (("healthy_lr_double", "healthy_clip_narrow", "negative_beta_late", "reward_label_noise", "reward_length",
+            "nan_router_grad"),
+           ROOT / "benchmarks" / "results" / "trl_runs_10", 180, True),
 }
 
 
@@ -912,6 +998,8 @@ def run_one(key: str, *, steps: int, seed: int, api: Api, url: str, token: str, 
         trainer = GRPOTrainer(model=setup.model, reward_funcs=setup.reward_funcs, args=GRPOConfig(**setup.config),
                               train_dataset=dataset, processing_class=tokenizer,
                               callbacks=[callback, *setup.callbacks])
+        for hook in setup.on_trainer:
+            hook(trainer)
     except ValueError as exc:  # TRL refuses the setting: that is the finding
         return {**entry, "refused": f"{type(exc).__name__}: {exc}"}
 
