@@ -463,3 +463,75 @@ def _both_ways(server, tiny_checkpoint, tmp_path) -> None:
     # MLflowCallback also logs transformers' end-of-training summary, which the callback leaves out.
     assert "train_runtime" in {n for values in theirs.values() for n in values}
     assert _server_run(server, "trl-via-mlflow")["status"] == "finished"
+
+
+def test_batch_10s_faults_act_where_they_say(tiny_checkpoint):
+    """Batch 10: the trainer's beta negated as step 100 begins and not before; a NaN in every
+    router's gradient at step 80 only, no other gradient touched; the label noise inverts the
+    checker on the prompts whose key is wrong (about 30%) and only there; the length checker pays
+    length over the limit under the accuracy reward's name; the healthy settings are ones
+    GRPOConfig takes."""
+    import torch
+    from moeproxy.reproduction.formats import get_format
+    from moeproxy.reproduction.tasks import format_prompt, make_split
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig
+
+    class Trainer:
+        beta = 0.04
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["negative_beta_late"].apply(setup) == 100
+    trainer = Trainer()
+    for hook in setup.on_trainer:
+        hook(trainer)
+    (flip,) = setup.callbacks
+    flip.on_step_begin(None, _state(99), None)
+    assert trainer.beta == 0.04  # not yet
+    flip.on_step_begin(None, _state(100), None)
+    assert trainer.beta == -0.04
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["nan_router_grad"].apply(setup) == 80
+    (nan,) = setup.callbacks
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    for step, poisoned in ((79, False), (80, True), (81, False)):
+        model.zero_grad(set_to_none=True)
+        nan.on_step_begin(None, _state(step), None, model=model)
+        model(input_ids=ids, labels=ids).loss.backward()
+        nan.on_step_end(None, _state(step), None)
+        for n, p in model.named_parameters():
+            if p.grad is None:
+                continue
+            router = n.endswith("mlp.gate.weight")
+            assert bool(torch.isnan(p.grad).all()) == (poisoned and router), (step, n)
+            if not (poisoned and router):
+                assert torch.isfinite(p.grad).all(), (step, n)
+
+    examples = make_split("train", 200, seed=0)
+    prompts = [format_prompt(e) for e in examples]
+    fmt = get_format("reasoning")
+    right = [fmt.target(e) for e in examples]
+    kw = {"task": [e.task for e in examples], "answer": [e.answer for e in examples]}
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["reward_label_noise"].apply(setup) == 0
+    noisy = setup.reward_funcs[0]
+    assert noisy.__name__ == "accuracy_reward"
+    flipped = [trl_runs.noisy_label(p) for p in prompts]
+    assert 0.2 < sum(flipped) / len(flipped) < 0.4
+    assert noisy(prompts, right, **kw) == [0.0 if f else 1.0 for f in flipped]
+    assert noisy(prompts, right, **kw) == noisy(prompts, right, **kw)  # fixed per prompt
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["reward_length"].apply(setup) == 0
+    by_length = setup.reward_funcs[0]
+    cap = fmt.max_new_tokens
+    assert by_length.__name__ == "accuracy_reward"
+    assert by_length(prompts[:3], ["x" * 10, "y" * cap, "z" * (cap + 5)]) == [10 / cap, 1.0, 1.0]
+
+    base_lr = trl_runs.base_config(200, 180, "/tmp/unused")["learning_rate"]
+    for key, field, value in (("healthy_lr_double", "learning_rate", 2 * base_lr), ("healthy_clip_narrow", "epsilon", 0.1)):
+        setup = trl_runs.Setup(model=None, steps=200, config=trl_runs.base_config(200, 180, "/tmp/unused"))
+        assert trl_runs.RUNS[key].apply(setup) is None
+        assert getattr(GRPOConfig(**setup.config), field) == pytest.approx(value)
