@@ -67,6 +67,12 @@ tie-share fix and before its own first scoring: healthy at twice the LR and at a
 (``epsilon`` 0.1); the trainer's ``beta`` negated halfway (``kl_misconfiguration``); the answer key
 wrong for 30% of the prompts (label noise) and a checker that pays for length (both
 ``reward_fault``, onset 0); a NaN gradient in every MoE router at 40% of the run.
+Batch 11 (``--batch 11``, ``benchmarks/results/trl_runs_11``, seeds 200-205), frozen after batch 10
+(no rule was written on it) and before its own first scoring, asks whether the misses of faults
+that only take the learning away are the harness's: its steps are twice as wide (4 prompts x 8
+completions, :data:`WIDE`), so a healthy run learns visibly. Healthy, and healthy behind a warm-up
+and cosine decay; the accuracy reward a coin flip, with its sign flipped, and wrong on 30% of the
+prompts (``reward_fault``, onset 0); every update dropped from halfway (``actor_update_omission``).
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -698,6 +704,22 @@ def _reward_length(setup: Setup) -> int:
     return 0
 
 
+#: Batch 11's wider steps: 4 prompts x 8 completions (the earlier batches: 2 x 4), so that a healthy
+#: run's learning shows (120 steps of a healthy run: accuracy 0.47 -> 0.57, a reward slope of 3.2
+#: standard errors, against 1.7-2.2 at 2 x 4).
+WIDE = {"per_device_train_batch_size": 32, "num_generations": 8}
+
+
+def _wide(apply: Callable[[Setup], int | None]) -> Callable[[Setup], int | None]:
+    """``apply`` on batch 11's wider steps (:data:`WIDE`)."""
+
+    def wide(setup: Setup) -> int | None:
+        setup.config.update(WIDE)
+        return apply(setup)
+
+    return wide
+
+
 @dataclass(frozen=True)
 class RunKind:
     label: str  # the fault class (SPEC §3)
@@ -828,6 +850,19 @@ RUNS: dict[str, RunKind] = {
                              _reward_length),
     "nan_router_grad": RunKind("gradient_overflow", "NaN gradient in every MoE router at step round(0.4 x steps)",
                                _nan_grad_at(0.4, weights=router_gates)),
+    # batch 11: faults that take the learning away, on steps wide enough for a healthy run to learn
+    "wide_healthy": RunKind("healthy", "nothing injected; 4 prompts x 8 completions a step", _wide(_healthy)),
+    "wide_healthy_cosine": RunKind("healthy", "nothing injected; 4 x 8 a step, cosine LR after a 10% warm-up",
+                                   _wide(_healthy_cosine)),
+    "wide_reward_noise": RunKind("reward_fault", "accuracy_reward replaced by a coin flip; 4 x 8 a step",
+                                 _wide(_reward_noise)),
+    "wide_reward_sign_flip": RunKind("reward_fault", "accuracy_reward with its sign flipped; 4 x 8 a step",
+                                     _wide(_reward_sign_flip)),
+    "wide_reward_label_noise": RunKind("reward_fault", "accuracy_reward inverted on the 30% of prompts whose answer "
+                                       "key is wrong; 4 x 8 a step", _wide(_reward_label_noise)),
+    "wide_update_dropped_late": RunKind("actor_update_omission", "every optimizer update dropped from step "
+                                        "round(0.5 x steps) after the norm was logged; 4 x 8 a step",
+                                        _wide(_update_dropped_late)),
 }
 
 #: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
@@ -860,6 +895,9 @@ BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "10": (("healthy_lr_double", "healthy_clip_narrow", "negative_beta_late", "reward_label_noise", "reward_length",
             "nan_router_grad"),
            ROOT / "benchmarks" / "results" / "trl_runs_10", 180, True),
+    "11": (("wide_healthy", "wide_healthy_cosine", "wide_reward_noise", "wide_reward_sign_flip",
+            "wide_reward_label_noise", "wide_update_dropped_late"),
+           ROOT / "benchmarks" / "results" / "trl_runs_11", 200, True),
 }
 
 
