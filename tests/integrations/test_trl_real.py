@@ -535,3 +535,27 @@ def test_batch_10s_faults_act_where_they_say(tiny_checkpoint):
         setup = trl_runs.Setup(model=None, steps=200, config=trl_runs.base_config(200, 180, "/tmp/unused"))
         assert trl_runs.RUNS[key].apply(setup) is None
         assert getattr(GRPOConfig(**setup.config), field) == pytest.approx(value)
+
+
+def test_batch_11_runs_its_faults_on_wider_steps():
+    """Batch 11: every run on 4 prompts x 8 completions a step (a config GRPOConfig takes), each
+    with the fault, onset and reward function of the batch-2/5/10/1 run it repeats."""
+    from trl import GRPOConfig
+
+    repeats = {"wide_healthy": "healthy", "wide_healthy_cosine": "healthy_cosine",
+               "wide_reward_noise": "reward_noise", "wide_reward_sign_flip": "reward_sign_flip",
+               "wide_reward_label_noise": "reward_label_noise", "wide_update_dropped_late": "update_dropped_late"}
+    assert set(repeats) == set(trl_runs.BATCHES["11"][0])
+    for wide, narrow in repeats.items():
+        made = {}
+        for key in (wide, narrow):
+            setup = trl_runs.Setup(model=None, steps=200, config=trl_runs.base_config(200, 200, "/tmp/unused"))
+            made[key] = (trl_runs.RUNS[key].apply(setup), setup)
+        (onset, w), (narrow_onset, n) = made[wide], made[narrow]
+        assert onset == narrow_onset and trl_runs.RUNS[wide].label == trl_runs.RUNS[narrow].label
+        config = GRPOConfig(**w.config)
+        assert (config.per_device_train_batch_size, config.num_generations) == (32, 8)
+        assert {k: v for k, v in w.config.items() if k not in trl_runs.WIDE} == {
+            k: v for k, v in n.config.items() if k not in trl_runs.WIDE}
+        assert [f.__name__ for f in w.reward_funcs] == [f.__name__ for f in n.reward_funcs]
+        assert len(w.callbacks) == len(n.callbacks)
