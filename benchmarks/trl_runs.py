@@ -865,39 +865,33 @@ RUNS: dict[str, RunKind] = {
                                         _wide(_update_dropped_late)),
 }
 
-#: The batches: which runs, where they go, and the seed of the first (batch 2: one more per run, so
-#: no fault run is the twin of a healthy one).
+#: The runs of batches 2 on, each in ``benchmarks/results/trl_runs_<n>``, each run on a seed of its
+#: own (so no fault run is the twin of a healthy one): 20 x (n - 1), one more a run in the order listed.
+LATER_BATCHES: dict[int, tuple[str, ...]] = {
+    2: ("healthy_seed", "healthy_beta0", "healthy_constant", "lr_x10", "lr_x1000", "lr_zero", "reward_constant",
+        "reward_noise", "nan_grad_early", "negative_beta_large"),
+    3: ("healthy_cosine", "healthy_beta0_seed", "lr_x300_warmup", "lr_x1000_beta0", "format_zero", "nan_grad_late"),
+    4: ("healthy_dr_grpo", "healthy_two_iterations", "frozen_late", "reward_zero_late", "inf_grad_mid", "lr_x30"),
+    5: ("healthy_beta_high", "healthy_scale_batch", "reward_sign_flip", "lr_x100_late", "negative_beta_small",
+        "update_dropped_late"),
+    6: ("healthy_temperature", "healthy_clip_higher", "router_noise_mid", "router_reinit_quarter", "reward_shuffled",
+        "warmup_never_ends"),
+    7: ("healthy_grpo_loss", "healthy_lr_half", "router_noise_late", "router_downcast_mid", "reward_window",
+        "skip_every_other"),
+    8: ("healthy_aux_coef_high", "healthy_beta_low", "router_noise_early", "router_noise_start",
+        "router_reinit_half_late", "router_rows_scaled_mid"),
+    9: ("healthy_temperature_high", "healthy_top_p", "router_noise_mild_late", "router_noise_mild_early",
+        "router_reinit_eighth_mid", "lr_x10_late"),
+    10: ("healthy_lr_double", "healthy_clip_narrow", "negative_beta_late", "reward_label_noise", "reward_length",
+         "nan_router_grad"),
+    11: ("wide_healthy", "wide_healthy_cosine", "wide_reward_noise", "wide_reward_sign_flip", "wide_reward_label_noise",
+         "wide_update_dropped_late"),
+}
+#: batch -> (its runs, where they go, the first run's seed, whether each run has a seed of its own).
 BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "1": (("healthy", "healthy_warmup", "lr_x100", "reward_zero", "negative_beta", "frozen", "nan_grad"),
           RESULTS, 0, False),
-    "2": (("healthy_seed", "healthy_beta0", "healthy_constant", "lr_x10", "lr_x1000", "lr_zero", "reward_constant",
-           "reward_noise", "nan_grad_early", "negative_beta_large"),
-          ROOT / "benchmarks" / "results" / "trl_runs_2", 20, True),
-    "3": (("healthy_cosine", "healthy_beta0_seed", "lr_x300_warmup", "lr_x1000_beta0", "format_zero", "nan_grad_late"),
-          ROOT / "benchmarks" / "results" / "trl_runs_3", 40, True),
-    "4": (("healthy_dr_grpo", "healthy_two_iterations", "frozen_late", "reward_zero_late", "inf_grad_mid", "lr_x30"),
-          ROOT / "benchmarks" / "results" / "trl_runs_4", 60, True),
-    "5": (("healthy_beta_high", "healthy_scale_batch", "reward_sign_flip", "lr_x100_late", "negative_beta_small",
-           "update_dropped_late"),
-          ROOT / "benchmarks" / "results" / "trl_runs_5", 80, True),
-    "6": (("healthy_temperature", "healthy_clip_higher", "router_noise_mid", "router_reinit_quarter", "reward_shuffled",
-           "warmup_never_ends"),
-          ROOT / "benchmarks" / "results" / "trl_runs_6", 100, True),
-    "7": (("healthy_grpo_loss", "healthy_lr_half", "router_noise_late", "router_downcast_mid", "reward_window",
-           "skip_every_other"),
-          ROOT / "benchmarks" / "results" / "trl_runs_7", 120, True),
-    "8": (("healthy_aux_coef_high", "healthy_beta_low", "router_noise_early", "router_noise_start",
-           "router_reinit_half_late", "router_rows_scaled_mid"),
-          ROOT / "benchmarks" / "results" / "trl_runs_8", 140, True),
-    "9": (("healthy_temperature_high", "healthy_top_p", "router_noise_mild_late", "router_noise_mild_early",
-           "router_reinit_eighth_mid", "lr_x10_late"),
-          ROOT / "benchmarks" / "results" / "trl_runs_9", 160, True),
-    "10": (("healthy_lr_double", "healthy_clip_narrow", "negative_beta_late", "reward_label_noise", "reward_length",
-            "nan_router_grad"),
-           ROOT / "benchmarks" / "results" / "trl_runs_10", 180, True),
-    "11": (("wide_healthy", "wide_healthy_cosine", "wide_reward_noise", "wide_reward_sign_flip",
-            "wide_reward_label_noise", "wide_update_dropped_late"),
-           ROOT / "benchmarks" / "results" / "trl_runs_11", 200, True),
+    **{str(n): (keys, RESULTS.parent / f"trl_runs_{n}", 20 * (n - 1), True) for n, keys in LATER_BATCHES.items()},
 }
 
 
