@@ -84,6 +84,14 @@ SOURCES: dict[str, str] = {
                        "grows (0.015 -> 0.2 within 3 steps)', a routing mismatch's 'discrepancy and KL grow', a "
                        "kernel error's 'slow drift', where a precision fault is a 'shift': a rounding error is "
                        "the same on every step, so it lifts the discrepancy once and holds it (siblings.SEPARATORS)",
+    "weight-probe": "MoeproxyCallback reads a fixed sample of every trainable weight before and after each optimizer "
+                    "step (moeproxy/integrations/weight_probe.py): a step with a finite, non-zero gradient and an LR "
+                    "above 0 moves them (AdamW moves every element it holds a gradient for, by about the LR), so "
+                    "one that leaves them exactly as they were never reached the policy (SPEC section 3, "
+                    "actor_update_omission: 'optimizer step silently skipped'); and nothing but the optimizer writes "
+                    "them between two steps, so the MoE routers' weights changing there were changed outside "
+                    "training (SPEC section 3, router_corruption: router weights down-cast, noised or "
+                    "re-initialised)",
     "ratio-spikes": "on the first update of a batch the new/old log-prob ratio is 1 by definition (the same weights "
                     "score the same tokens; huggingface/trl issue 454): OpenRLHF issue 931 reports it at 1.002 or "
                     "0.997 on-policy but now and then at 5e8, with the KL loss spiking at random steps, from "
@@ -917,6 +925,61 @@ BALANCE_MIN_STEPS = 40
 #: A schedule raised this much between the quarters (an LR x100 from a resumed step) moved the
 #: routers through the optimizer: it is the LR's finding, not the router's.
 BALANCE_LR_RISE = 2.0
+
+
+#: Chosen: logged steps whose sampled weights the optimizer step left exactly as they were, with a
+#: finite gradient norm above 0 and an LR above 0 (not one: the first step of a warm-up from 0 runs
+#: at LR 0, and a log may say the LR after the scheduler moved it).
+UPDATE_NOT_APPLIED_STEPS = 3
+
+
+@rule("update_not_applied")
+def _update_not_applied(run: CanonicalRun) -> list[Finding]:
+    """The optimizer stepped with a gradient and changed nothing (``update_ratio_min`` 0 exactly,
+    MoeproxyCallback's weight probe): a wrapper that drops the step after the norm was measured,
+    parameters missing from the optimizer's groups, or updates below the weights' precision (bf16
+    weights without an fp32 copy). Logs of several steps count when any of their steps changed
+    nothing (the smallest of them is 0)."""
+    u, g = run.metrics.get("update_ratio_min"), run.metrics.get("grad_norm")
+    if u is None or g is None:
+        return []
+    lr = run.metrics.get("lr")
+    lr_positive = np.ones_like(u.finite) if lr is None else ~lr.observed | (lr.values > 0)
+    dead = u.finite & (u.values == 0.0) & g.finite & (g.values > 0.0) & lr_positive
+    count = int(dead.sum())
+    if count < UPDATE_NOT_APPLIED_STEPS:
+        return []
+    first, measured = int(run.steps[np.argmax(dead)]), int((u.finite & g.finite).sum())
+    return [Finding("update_not_applied", "update_ratio_min", u.source, float(count), UPDATE_NOT_APPLIED_STEPS,
+                    ("actor_update_omission",),
+                    f"{u.source} exactly 0 on {count} of the {measured} logged steps (first at step {first}) while "
+                    f"{g.source} was finite and above 0: those optimizer steps changed none of the sampled "
+                    "weights, so the update never reached the policy", "weight-probe")]
+
+
+#: Chosen: a relative change of the routers' sampled weights between two optimizer steps above
+#: float32 round-off (about 1e-7) by a margin. Exactly 0 where only the optimizer writes them; a
+#: bf16 round trip of fp32 weights moves them by about 1e-3, damage by far more.
+ROUTER_OUTSIDE_MIN = 1e-6
+
+
+@rule("router_changed_outside_optimizer")
+def _router_changed_outside_optimizer(run: CanonicalRun) -> list[Finding]:
+    """The MoE routers' weights changed between two optimizer steps (``router_outside_change``,
+    MoeproxyCallback's weight probe): something other than training wrote them."""
+    got = _values(run, "router_outside_change", 1)
+    if got is None:
+        return []
+    s, v = got
+    hit = v > ROUTER_OUTSIDE_MIN
+    if not hit.any():
+        return []
+    first = _finite_step(run, s, int(np.argmax(hit)))
+    return [Finding("router_changed_outside_optimizer", "router_outside_change", s.source, float(v.max()),
+                    ROUTER_OUTSIDE_MIN, ("router_corruption",),
+                    f"{s.source} {v.max():.3g} at its largest, above 0 on {int(hit.sum())} logged steps from step "
+                    f"{first}: the MoE routers' weights changed between two optimizer steps, outside training "
+                    "(a down-cast, a merge, a reload)", "weight-probe")]
 
 
 @rule("balance_loss_rises")

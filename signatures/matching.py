@@ -109,6 +109,8 @@ FINDING_WEIGHTS: dict[str, float] = {
     "nonfinite_update_skipped": 4.0,
     "kl_term_nonfinite": 4.0,
     "grad_norm_zero": 4.0,
+    "update_not_applied": 4.0,
+    "router_changed_outside_optimizer": 3.0,
     "kl_never_moves": 4.0,
     "kl_coef_negative": 4.0,
     "no_reward_signal": 3.0,

@@ -176,6 +176,12 @@ SEPARATORS: dict[str, Separator] = {
               "for milder damage; TRL logs it as aux_loss when the model's router_aux_loss_coef is not "
               "0), where reward, update and KL faults leave it level or falling",
               _against("reward_fault", "actor_update_omission", "kl_misconfiguration", HEALTHY)),
+            M("router_outside_change", "moeproxy/router_outside_change",
+              "router_corruption that happens during training (a down-cast, a merge, a reload between steps) "
+              "moves the routers' weights between two optimizer steps, where nothing else does "
+              "(MoeproxyCallback sends it for transformers and TRL trainers)",
+              _against("reward_fault", "actor_update_omission", "kl_misconfiguration", "lr_misconfiguration",
+                       HEALTHY)),
         ),
         tests=(
             T("compare the router weights with the last good checkpoint's: router_corruption's noise or "
@@ -214,6 +220,11 @@ SEPARATORS: dict[str, Separator] = {
               "the step is skipped (skip_step), NaN with a finite loss when a non-finite norm makes the "
               "trainer skip it",
               _against("gradient_overflow", "reward_fault")),
+            M("update_ratio_min", "moeproxy/update_ratio_min",
+              "actor_update_omission leaves the weights exactly where they were on the steps it drops, with "
+              "a finite gradient norm, where every other fault lets the optimizer move them "
+              "(MoeproxyCallback sends it for transformers and TRL trainers)",
+              _against("reward_fault", "lr_misconfiguration", "kl_misconfiguration", "gradient_overflow", HEALTHY)),
         ),
         tests=(
             T("compare the weights of two checkpoints a few steps apart: unchanged weights (barely changed "

@@ -61,6 +61,13 @@ CANONICAL_METRICS: dict[str, CanonicalMetric] = {
         CanonicalMetric("zero_std_frac", "share of prompt groups whose rewards all tie (no GRPO signal)"),
         CanonicalMetric("step_time_s", "wall time of one RL step"),
         CanonicalMetric("peak_memory_mb", "peak accelerator memory of one RL step"),
+        CanonicalMetric("update_ratio", "relative change of a fixed sample of the policy's trainable weights by "
+                                        "the optimizer step (mean over the steps of one log)"),
+        CanonicalMetric("update_ratio_min", "the smallest such change among the steps of one log (0: a step "
+                                            "that changed nothing)"),
+        CanonicalMetric("outside_change", "largest relative change of the sampled weights between two optimizer "
+                                          "steps, outside the optimizer (0 in a healthy run)"),
+        CanonicalMetric("router_outside_change", "the same for the MoE routers' weights alone"),
     )
 }
 
@@ -174,6 +181,12 @@ _TABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "zero_std_frac": {"verl": ("critic/score/zero_std_frac",), "trl": ("frac_reward_zero_std",)},
     "step_time_s": {"verl": ("timing_s/step",)},
     "peak_memory_mb": {"verl": ("perf/peak_memory_mb",)},
+    # What MoeproxyCallback measures of the weights around each optimizer step, whatever the trainer
+    # (moeproxy/integrations/weight_probe.py).
+    "update_ratio": {"*": ("moeproxy/update_ratio",)},
+    "update_ratio_min": {"*": ("moeproxy/update_ratio_min",)},
+    "outside_change": {"*": ("moeproxy/outside_change",)},
+    "router_outside_change": {"*": ("moeproxy/router_outside_change",)},
 }
 
 DEFAULT_ALIASES: tuple[MetricAlias, ...] = tuple(

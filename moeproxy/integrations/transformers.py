@@ -5,6 +5,12 @@ Works with ``Trainer`` and the TRL trainers (GRPOTrainer logs ``reward``, ``kl``
 so the names arrive as TRL logs them and the service maps them (SPEC section 4, framework
 ``"trl"``).  Only the main process (``state.is_world_process_zero``) sends.  The step is
 ``state.global_step``; the client never blocks the training step.
+
+Beside what the trainer logs, the callback sends what each optimizer step did to the policy's
+weights, from a fixed sample of them (:mod:`moeproxy.integrations.weight_probe`: the update, and
+any change made outside the optimizer, the MoE routers apart), which no trainer logs: an update
+dropped after the gradient norm was measured and router weights damaged between steps show
+there and nowhere else. ``probe_weights=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from transformers import TrainerCallback
 
 from moeproxy.client import MetricsClient
 from moeproxy.integrations._common import END_OF_TRAINING_KEYS, numeric_metrics, resolve_endpoint
+from moeproxy.integrations.weight_probe import WeightProbe
 
 log = logging.getLogger(__name__)
+
 
 class MoeproxyCallback(TrainerCallback):
     """Send ``Trainer`` logs to moeproxy (``MOEPROXY_URL``/``MOEPROXY_TOKEN`` when not passed).
@@ -37,6 +45,7 @@ class MoeproxyCallback(TrainerCallback):
         framework: str = "trl",
         model: str | None = None,
         tags: list[str] | None = None,
+        probe_weights: bool = True,
         client_factory: type[MetricsClient] = MetricsClient,
         **client_kwargs: Any,
     ):
@@ -44,6 +53,8 @@ class MoeproxyCallback(TrainerCallback):
         self.run_name, self.framework, self.model, self.tags = run_name, framework, model, tags
         self.client_factory, self.client_kwargs = client_factory, client_kwargs
         self.client: MetricsClient | None = None
+        self.probe_weights = probe_weights
+        self.probe: WeightProbe | None = None
 
     def _run_name(self, args) -> str:
         if self.run_name:
@@ -98,11 +109,32 @@ class MoeproxyCallback(TrainerCallback):
             tags=self.tags,
             **self.client_kwargs,
         )
+        if self.probe_weights and model is not None:
+            self._probe(lambda: setattr(self, "probe", WeightProbe(model)))
+            self._probe(lambda: self.probe and self.probe.start())
+
+    def _probe(self, act) -> None:
+        # The probe must never stop a training run: on any error it says so once and turns itself off.
+        try:
+            act()
+        except Exception as exc:  # noqa: BLE001 - a model the probe cannot read is not the user's problem
+            log.warning("moeproxy: weight probe turned off (%s: %s)", type(exc).__name__, exc)
+            self.probe = None
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.probe is not None:
+            self._probe(self.probe.before_step)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self.probe is not None:
+            self._probe(self.probe.after_step)
 
     def on_log(self, args, state, control, logs: Mapping[str, Any] | None = None, **kwargs):
         if not state.is_world_process_zero or self.client is None or not logs:
             return
         values = {k: v for k, v in numeric_metrics(logs).items() if k not in END_OF_TRAINING_KEYS}
+        if values and self.probe is not None:  # not the end-of-training summary: no step of its own
+            values.update(self.probe.flush())
         if values:
             self.client.log(int(state.global_step), values)
 

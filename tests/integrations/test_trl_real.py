@@ -455,8 +455,14 @@ def _both_ways(server, tiny_checkpoint, tmp_path) -> None:
     assert via_mlflow["framework"] == "trl"
     theirs = {s["step"]: s["values"] for s in via_mlflow["steps"]}
     assert [s["step"] for s in ours["steps"]] == [1, 2, 3] and set(theirs) >= {1, 2, 3}
+    from moeproxy.integrations.weight_probe import NAMES
+
     for step in ours["steps"]:
+        # The weight probe's metrics are MoeproxyCallback's own: transformers' callbacks have none.
+        assert set(NAMES.values()) <= set(step["values"]) and not set(NAMES.values()) & set(theirs[step["step"]])
         for name, value in step["values"].items():
+            if name in NAMES.values():
+                continue
             assert name in theirs[step["step"]], (step["step"], name)
             other = theirs[step["step"]][name]
             assert other == pytest.approx(value, rel=1e-12) if isinstance(value, float) else other == value
@@ -559,3 +565,35 @@ def test_batch_11_runs_its_faults_on_wider_steps():
             k: v for k, v in n.config.items() if k not in trl_runs.WIDE}
         assert [f.__name__ for f in w.reward_funcs] == [f.__name__ for f in n.reward_funcs]
         assert len(w.callbacks) == len(n.callbacks)
+
+
+def test_the_callback_sends_what_each_step_did_to_the_weights(sqlite_live_server, tiny_checkpoint, tmp_path):
+    """A real GRPOTrainer on the tiny Qwen3-MoE, 3 steps, through the server: every step of a
+    healthy run moves the sampled weights and nothing moves them between steps; updates dropped from
+    step 2 (after the norm was logged) leave them exactly as they were there; routers noised as step
+    2 begins show as a change outside the optimizer at step 2 only, and the triage rules read both."""
+    from moeproxy.integrations.weight_probe import NAMES
+    from moeproxy.signatures.canonical import RunMetrics, canonicalise
+    from moeproxy.signatures.levels import whole_run_evidence
+
+    def probe(entry):
+        return [{k: s["values"][v] for k, v in NAMES.items()} for s in entry["trace"]["steps"]]
+
+    healthy = probe(_run("healthy", sqlite_live_server, tiny_checkpoint, tmp_path))
+    assert all(p["update_ratio"] > 0 and p["update_ratio_min"] == p["update_ratio"] for p in healthy)
+    assert all(p["outside_change"] == 0.0 and p["router_outside_change"] == 0.0 for p in healthy)
+
+    entry = _run("update_dropped_late", sqlite_live_server, tiny_checkpoint, tmp_path)
+    dropped = probe(entry)
+    assert dropped[0]["update_ratio"] > 0 and [p["update_ratio"] for p in dropped[1:]] == [0.0, 0.0]
+    assert all(s["values"]["grad_norm"] > 0 for s in entry["trace"]["steps"])  # the norm looks normal
+    # Two dropped steps of three: under the rule's 3, so the tiny run shows the metric, not a finding.
+    run = canonicalise(RunMetrics.from_steps(entry["trace"]["steps"], framework="trl"))
+    assert "update_not_applied" not in {f.rule for f in whole_run_evidence(run)}
+
+    noised = _run("router_noise_mid", sqlite_live_server, tiny_checkpoint, tmp_path)
+    outside = [p["router_outside_change"] for p in probe(noised)]
+    assert outside[0] == 0.0 and outside[1] > 0.1 and outside[2] == 0.0
+    run = canonicalise(RunMetrics.from_steps(noised["trace"]["steps"], framework="trl"))
+    (found,) = [f for f in whole_run_evidence(run) if f.rule == "router_changed_outside_optimizer"]
+    assert "from step 2" in found.text

@@ -306,7 +306,7 @@ def test_migration_0007_goes_down_and_up_keeping_runs_and_metrics(fresh_database
         engine.dispose()
     assert migrations.current_revision(fresh_database_url) == "0006"
     migrations.upgrade(fresh_database_url)
-    assert migrations.current_revision(fresh_database_url) == migrations.head_revision() == "0010"
+    assert migrations.current_revision(fresh_database_url) == migrations.head_revision() == "0011"
     engine = make_engine(fresh_database_url)
     try:
         assert "reproduction_jobs" in inspect(engine).get_table_names()

@@ -575,3 +575,43 @@ def test_a_balance_rise_the_lr_explains_is_not_the_router():
     assert not _balance_findings(broken)
     # A decay or a warm-up does not raise it: the healthy schedule keeps the finding.
     assert _balance_findings({**base, "aux_loss": _balance(rise=0.04)})
+
+
+def _probed(update_min: np.ndarray, **cols) -> dict[str, np.ndarray]:
+    """A healthy TRL run sent through MoeproxyCallback: its weight probe's metrics beside TRL's."""
+    base = _healthy_trl()
+    return {**base, "moeproxy/update_ratio": np.maximum(update_min, 1e-5), "moeproxy/update_ratio_min": update_min,
+            "moeproxy/outside_change": np.zeros(N), **cols}
+
+
+def test_optimizer_steps_that_change_nothing_are_an_omitted_update():
+    moving = np.full(N, 2e-4)
+    assert not {"update_not_applied", "router_changed_outside_optimizer"} & _rules(_probed(moving))
+    dropped = np.where(np.arange(N) >= N // 2, 0.0, 2e-4)  # every update from halfway, norm normal
+    (found,) = [f for f in whole_run_evidence(_run(_probed(dropped))) if f.rule == "update_not_applied"]
+    assert found.supports == ("actor_update_omission",) and found.value == N - N // 2
+    assert f"first at step {N // 2 + 1}" in found.text
+    every_other = np.where(np.arange(N) % 2 == 1, 0.0, 2e-4)
+    assert "update_not_applied" in _rules(_probed(every_other))
+    two = moving.copy()
+    two[[40, 90]] = 0.0  # two steps are not enough: a warm-up's first step runs at LR 0
+    assert "update_not_applied" not in _rules(_probed(two))
+    # No gradient, or an LR of 0: nothing was asked of the optimizer (grad_norm_zero, lr_never_reached).
+    assert "update_not_applied" not in _rules(_probed(dropped, grad_norm=np.where(dropped == 0, 0.0, 0.5)))
+    base_lr = _healthy_trl()["learning_rate"]
+    assert "update_not_applied" not in _rules(_probed(dropped, learning_rate=np.where(dropped == 0, 0.0, base_lr)))
+    nan = np.where(dropped == 0, np.nan, 0.5)  # a non-finite norm: an overflow's skip, not this
+    assert "update_not_applied" not in _rules(_probed(dropped, grad_norm=nan))
+
+
+def test_routers_written_between_optimizer_steps_are_router_corruption():
+    quiet = _probed(np.full(N, 2e-4), **{"moeproxy/router_outside_change": np.full(N, 0.0)})
+    assert "router_changed_outside_optimizer" not in _rules(quiet)
+    rounding = np.full(N, 0.0)
+    rounding[50] = 1e-7  # float32 round-off
+    assert "router_changed_outside_optimizer" not in _rules({**quiet, "moeproxy/router_outside_change": rounding})
+    downcast = np.where(np.arange(N) >= 100, 1.5e-3, 0.0)  # a bf16 round trip before every step from 100
+    (found,) = [f for f in whole_run_evidence(_run({**quiet, "moeproxy/router_outside_change": downcast}))
+                if f.rule == "router_changed_outside_optimizer"]
+    assert found.supports == ("router_corruption",) and "from step 101" in found.text
+    assert f"above 0 on {N - 100} logged steps" in found.text

@@ -1,0 +1,135 @@
+"""What the optimizer did to the policy's weights, from a fixed sample of them (``MoeproxyCallback``).
+
+No trainer logs whether an optimizer step changed the weights, or whether something else did:
+an update that a wrapper drops after the gradient norm was measured (a parameter missing from the
+optimizer's groups, a skipped step) leaves the gradient norm normal and the policy where it was,
+and router weights damaged between steps (a down-cast, a merge, a reload) leave no mark in the
+loss for many steps (SPEC section 3: actor_update_omission, router_corruption). A few fixed
+elements of every trainable weight, read before and after each optimizer step, tell both apart
+cheaply: ``PER_TENSOR`` elements a tensor, a few thousand numbers for a whole model.
+
+What it measures, per optimizer step (relative L2 changes of the sampled elements):
+
+- the update: after the step against before it (0 exactly when the step changed nothing);
+- the change outside the optimizer: before this step against after the previous one (0 exactly in
+  a healthy run: nothing but the optimizer writes the weights), for all sampled weights and for
+  the MoE routers alone (``ROUTER_WEIGHT``).
+
+:meth:`WeightProbe.flush` hands what was measured since the last call to the logger, under
+:data:`NAMES`: the mean and the smallest update (a step dropped now and then shows in the
+smallest), the largest outside change (one event must not be averaged away).
+
+Only trainable parameters are sampled (a frozen base under PEFT is merged and unmerged for
+generation in some setups, which moves it by round-off and means nothing). A parameter whose local
+tensor is empty (a ZeRO-3 shard held elsewhere) is left out; with nothing left to sample the probe
+measures nothing. Needs torch (the ``[ml]`` extra, as ``transformers`` does).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Elements sampled from each trainable tensor (fewer where a tensor has fewer).
+PER_TENSOR = 64
+#: An MoE router's weight under the names transformers' MoE models give it: Qwen2/3-MoE, OLMoE,
+#: DeepSeek-V2/V3 ``mlp.gate.weight``, Mixtral ``block_sparse_moe.gate.weight``, GPT-OSS
+#: ``mlp.router.weight``. A dense MLP's ``gate_proj`` does not match.
+ROUTER_WEIGHT = re.compile(r"(^|\.)(gate|router)\.weight$")
+#: The names the callback logs (aliases of the canonical metrics of the same name without the
+#: prefix, signatures/vocabulary.py).
+NAMES = {
+    "update_ratio": "moeproxy/update_ratio",
+    "update_ratio_min": "moeproxy/update_ratio_min",
+    "outside_change": "moeproxy/outside_change",
+    "router_outside_change": "moeproxy/router_outside_change",
+}
+
+
+@dataclass
+class _Pending:
+    updates: list[float] = field(default_factory=list)
+    outside: float = 0.0
+    router_outside: float | None = None
+
+
+class WeightProbe:
+    """Samples fixed elements of ``model``'s trainable weights; :meth:`before_step` and
+    :meth:`after_step` around each optimizer step, :meth:`flush` at each log."""
+
+    def __init__(self, model: Any, *, per_tensor: int = PER_TENSOR, seed: int = 0):
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        self._picks: list[tuple[Any, Any, bool]] = []  # (parameter, flat indices, is a router)
+        for name, p in model.named_parameters():
+            n = _local(p).numel()
+            if not p.requires_grad or n == 0:
+                continue
+            idx = torch.randperm(n, generator=gen)[: min(per_tensor, n)]
+            self._picks.append((p, idx, bool(ROUTER_WEIGHT.search(name))))
+        self.has_routers = any(r for _, _, r in self._picks)
+        self._last: tuple[Any, Any] | None = None  # after the last optimizer step: (all, routers)
+        self._before: tuple[Any, Any] | None = None
+        self._pending = _Pending()
+
+    @property
+    def empty(self) -> bool:
+        return not self._picks
+
+    def _sample(self) -> tuple[Any, Any]:
+        import torch
+
+        with torch.no_grad():
+            parts = [_local(p).reshape(-1)[idx.to(_local(p).device)].double().cpu() for p, idx, _ in self._picks]
+        routers = [x for x, (_, _, r) in zip(parts, self._picks, strict=True) if r]
+        return torch.cat(parts), (torch.cat(routers) if routers else None)
+
+    def start(self) -> None:
+        """The weights as training starts: the first step's outside change is against these."""
+        if not self.empty:
+            self._last = self._sample()
+
+    def before_step(self) -> None:
+        if self.empty:
+            return
+        self._before = self._sample()
+        if self._last is not None:
+            (all_now, routers_now), (all_then, routers_then) = self._before, self._last
+            self._pending.outside = max(self._pending.outside, _relative(all_now, all_then))
+            if routers_now is not None:
+                change = _relative(routers_now, routers_then)
+                self._pending.router_outside = max(self._pending.router_outside or 0.0, change)
+
+    def after_step(self) -> None:
+        if self.empty or self._before is None:
+            return
+        after = self._sample()
+        self._pending.updates.append(_relative(after[0], self._before[0]))
+        self._last, self._before = after, None
+
+    def flush(self) -> dict[str, float]:
+        """What was measured since the last flush, under :data:`NAMES`; {} when no step was."""
+        p, self._pending = self._pending, _Pending()
+        if not p.updates:
+            return {}
+        out = {NAMES["update_ratio"]: math.fsum(p.updates) / len(p.updates),
+               NAMES["update_ratio_min"]: min(p.updates), NAMES["outside_change"]: p.outside}
+        if p.router_outside is not None:
+            out[NAMES["router_outside_change"]] = p.router_outside
+        return out
+
+
+def _local(p: Any) -> Any:
+    """The part of a parameter this process holds (a DTensor's local shard; the tensor itself)."""
+    to_local = getattr(p, "to_local", None)
+    return to_local() if callable(to_local) else p
+
+
+def _relative(now: Any, then: Any) -> float:
+    """‖now − then‖ / ‖then‖ (the change itself where ``then`` is all 0: a LoRA B at its start)."""
+    diff = float((now - then).norm())
+    base = float(then.norm())
+    return diff / base if base > 0 else diff

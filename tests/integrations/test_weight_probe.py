@@ -1,0 +1,141 @@
+"""The weight probe of MoeproxyCallback on a real torch module and a real AdamW: what an optimizer
+step moved, what moved between steps, the MoE routers apart, and what a log reports."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from moeproxy.integrations.weight_probe import NAMES, ROUTER_WEIGHT, WeightProbe  # noqa: E402
+
+
+class Block(torch.nn.Module):
+    """A layer shaped like transformers' MoE layers: ``mlp.gate`` is the router, ``mlp.gate_proj``
+    a dense MLP's projection (not a router)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = torch.nn.Module()
+        self.mlp.gate = torch.nn.Linear(8, 4, bias=False)
+        self.mlp.gate_proj = torch.nn.Linear(8, 8)
+        self.frozen = torch.nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return (self.mlp.gate(x).sum() + self.mlp.gate_proj(x).sum() + self.frozen(x).sum()) ** 2
+
+
+def _step(model, opt, probe, *, drop: bool = False) -> None:
+    model(torch.randn(16, 8)).backward()
+    probe.before_step()
+    if drop:  # a wrapper that drops the update after the norm was measured
+        opt.zero_grad(set_to_none=True)
+    opt.step()
+    probe.after_step()
+    opt.zero_grad()
+
+
+@pytest.fixture
+def setup():
+    torch.manual_seed(0)
+    model = Block()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    probe = WeightProbe(model)
+    probe.start()
+    return model, opt, probe
+
+
+def test_the_router_pattern_names_routers_only():
+    for name in ("model.layers.0.mlp.gate.weight", "model.layers.3.block_sparse_moe.gate.weight",
+                 "model.layers.1.mlp.router.weight"):
+        assert ROUTER_WEIGHT.search(name), name
+    for name in ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.gate.bias", "lm_head.weight"):
+        assert not ROUTER_WEIGHT.search(name), name
+
+
+def test_a_step_moves_the_weights_a_dropped_one_does_not(setup):
+    model, opt, probe = setup
+    assert probe.has_routers
+    _step(model, opt, probe)
+    first = probe.flush()
+    assert first[NAMES["update_ratio"]] > 0 and first[NAMES["update_ratio_min"]] == first[NAMES["update_ratio"]]
+    assert first[NAMES["outside_change"]] == 0.0 and first[NAMES["router_outside_change"]] == 0.0
+    _step(model, opt, probe)
+    _step(model, opt, probe, drop=True)
+    _step(model, opt, probe)
+    three = probe.flush()  # one log over three steps: the mean, and the dropped one as the smallest
+    assert three[NAMES["update_ratio_min"]] == 0.0 < three[NAMES["update_ratio"]]
+    assert probe.flush() == {}  # nothing measured since
+
+
+def test_weights_written_between_steps_show_as_outside_changes_routers_apart(setup):
+    model, opt, probe = setup
+    _step(model, opt, probe)
+    probe.flush()
+    with torch.no_grad():
+        model.mlp.gate_proj.weight.add_(0.01)  # not a router
+    _step(model, opt, probe)
+    dense = probe.flush()
+    assert dense[NAMES["outside_change"]] > 1e-3 and dense[NAMES["router_outside_change"]] == 0.0
+    with torch.no_grad():
+        model.mlp.gate.weight.copy_(model.mlp.gate.weight.to(torch.bfloat16).float())  # a bf16 round trip
+    _step(model, opt, probe)
+    _step(model, opt, probe)
+    routed = probe.flush()
+    assert 1e-6 < routed[NAMES["router_outside_change"]] < 1e-2  # the largest of the log's two steps
+
+
+def test_frozen_weights_are_not_read_and_a_model_without_trainable_weights_reports_nothing(setup):
+    model, opt, probe = setup
+    assert all(p.requires_grad for p, _, _ in probe._picks)
+    with torch.no_grad():
+        model.frozen.weight.add_(1.0)  # a frozen base moved by a merge and back: not the probe's business
+    _step(model, opt, probe)
+    assert probe.flush()[NAMES["outside_change"]] == 0.0
+    model.requires_grad_(False)
+    empty = WeightProbe(model)
+    empty.start()
+    empty.before_step()
+    empty.after_step()
+    assert empty.empty and empty.flush() == {}
+
+
+def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
+    from moeproxy.integrations.transformers import MoeproxyCallback
+
+    class State:
+        is_world_process_zero = True
+        global_step = 1
+
+    class Client:
+        def __init__(self, *a, **k):
+            self.sent = []
+
+        def log(self, step, values):
+            self.sent.append((step, values))
+
+        def close(self, status):
+            pass
+
+    torch.manual_seed(0)
+    model = Block()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    cb = MoeproxyCallback("http://127.0.0.1:1", "t", "r", client_factory=Client)
+    cb.on_train_begin(None, State, None, model=model)
+    model(torch.randn(4, 8)).backward()
+    cb.on_pre_optimizer_step(None, State, None)
+    opt.step()
+    cb.on_optimizer_step(None, State, None)
+    cb.on_log(None, State, None, logs={"loss": 0.5})
+    ((step, values),) = cb.client.sent
+    assert step == 1 and values["loss"] == 0.5 and values[NAMES["update_ratio"]] > 0
+
+    cb.probe._picks[0] = (None, None, False)  # a parameter the probe cannot read any more
+    cb.on_pre_optimizer_step(None, State, None)  # warns and turns the probe off; training goes on
+    assert cb.probe is None
+    cb.on_log(None, State, None, logs={"loss": 0.4})
+    assert cb.client.sent[-1][1] == {"loss": 0.4}
+    off = MoeproxyCallback("http://127.0.0.1:1", "t", "r", client_factory=Client, probe_weights=False)
+    off.on_train_begin(None, State, None, model=model)
+    assert off.probe is None
