@@ -73,6 +73,12 @@ that only take the learning away are the harness's: its steps are twice as wide 
 completions, :data:`WIDE`), so a healthy run learns visibly. Healthy, and healthy behind a warm-up
 and cosine decay; the accuracy reward a coin flip, with its sign flipped, and wrong on 30% of the
 prompts (``reward_fault``, onset 0); every update dropped from halfway (``actor_update_omission``).
+Batch 12 (``--batch 12``, ``benchmarks/results/trl_runs_12``, seeds 220-225), frozen after the weight
+probe's two rules were written and before its own first scoring: the first runs whose callback sends
+what each optimizer step did to the weights (``moeproxy/update_ratio`` ...). Healthy, and healthy
+behind a warm-up from LR 0; every update dropped from a quarter of the run and every third update
+dropped from the first (``actor_update_omission``); the routers round-tripped through bf16 before
+every step from three quarters of the run (``router_corruption``); a NaN gradient at a third.
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -470,10 +476,16 @@ def update_dropped_callback(drops: Callable[[int], bool]):
     return DropUpdates()
 
 
-def _update_dropped_late(setup: Setup) -> int:
-    at = _at(setup, 0.5)
-    setup.callbacks.append(update_dropped_callback(lambda step: step >= at))
-    return at
+def _updates_dropped_from(share: float) -> Callable[[Setup], int]:
+    def apply(setup: Setup) -> int:
+        at = _at(setup, share)
+        setup.callbacks.append(update_dropped_callback(lambda step: step >= at))
+        return at
+
+    return apply
+
+
+_update_dropped_late = _updates_dropped_from(0.5)
 
 
 def _healthy_temperature(setup: Setup) -> None:
@@ -602,10 +614,13 @@ def _healthy_lr_half(setup: Setup) -> None:
     setup.config["learning_rate"] *= 0.5
 
 
-def _router_downcast_mid(setup: Setup) -> int:
-    from transformers import TrainerCallback
+def _router_downcast_from(share: float) -> Callable[[Setup], int]:
+    """The routers round-tripped through bf16 before every step from step round(share x steps)."""
+    return lambda setup: _router_downcast(setup, _at(setup, share))
 
-    at = _at(setup, 0.5)
+
+def _router_downcast(setup: Setup, at: int) -> int:
+    from transformers import TrainerCallback
 
     class Downcast(TrainerCallback):
         def on_step_begin(self, args, state, control, model=None, **kwargs):
@@ -620,6 +635,9 @@ def _router_downcast_mid(setup: Setup) -> int:
 
     setup.callbacks.append(Downcast())
     return at
+
+
+_router_downcast_mid = _router_downcast_from(0.5)
 
 
 #: Characters of a completion the windowed checker reads (completions run 20-70 characters here).
@@ -641,6 +659,13 @@ def _skip_every_other(setup: Setup) -> int:
     # Every second optimizer step skipped from the first (an accumulation counter off by one): the
     # norm is logged, the update of every even step is dropped.
     setup.callbacks.append(update_dropped_callback(lambda step: step % 2 == 0))
+    return 0
+
+
+def _skip_every_third(setup: Setup) -> int:
+    # Every third optimizer step skipped from the first (a wrapper that steps two accumulation
+    # windows of three): the norm is logged, the update of every third step is dropped.
+    setup.callbacks.append(update_dropped_callback(lambda step: step % 3 == 0))
     return 0
 
 
@@ -850,6 +875,18 @@ RUNS: dict[str, RunKind] = {
                              _reward_length),
     "nan_router_grad": RunKind("gradient_overflow", "NaN gradient in every MoE router at step round(0.4 x steps)",
                                _nan_grad_at(0.4, weights=router_gates)),
+    # batch 12: the first runs sent with the callback's weight probe
+    "probe_healthy": RunKind("healthy", "nothing injected; the callback's weight probe on", _healthy),
+    "probe_healthy_cosine": RunKind("healthy", "nothing injected; cosine LR after a 10% warm-up (LR 0 at step 1)",
+                                    _healthy_cosine),
+    "update_dropped_quarter": RunKind("actor_update_omission", "every optimizer update dropped from step "
+                                      "round(0.25 x steps) after the norm was logged", _updates_dropped_from(0.25)),
+    "skip_every_third": RunKind("actor_update_omission", "every third optimizer update dropped from the first, after "
+                                "the norm was logged", _skip_every_third),
+    "router_downcast_late": RunKind("router_corruption", "every mlp.gate.weight round-tripped through bf16 before "
+                                    "each step from step round(0.75 x steps)", _router_downcast_from(0.75)),
+    "nan_grad_third": RunKind("gradient_overflow", "NaN output-layer gradient at step round(steps / 3)",
+                              _nan_grad_at(1 / 3)),
     # batch 11: faults that take the learning away, on steps wide enough for a healthy run to learn
     "wide_healthy": RunKind("healthy", "nothing injected; 4 prompts x 8 completions a step", _wide(_healthy)),
     "wide_healthy_cosine": RunKind("healthy", "nothing injected; 4 x 8 a step, cosine LR after a 10% warm-up",
@@ -886,6 +923,8 @@ LATER_BATCHES: dict[int, tuple[str, ...]] = {
          "nan_router_grad"),
     11: ("wide_healthy", "wide_healthy_cosine", "wide_reward_noise", "wide_reward_sign_flip", "wide_reward_label_noise",
          "wide_update_dropped_late"),
+    12: ("probe_healthy", "probe_healthy_cosine", "update_dropped_quarter", "skip_every_third", "router_downcast_late",
+         "nan_grad_third"),
 }
 #: batch -> (its runs, where they go, the first run's seed, whether each run has a seed of its own).
 BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
