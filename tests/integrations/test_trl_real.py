@@ -572,9 +572,10 @@ def test_the_callback_sends_what_each_step_did_to_the_weights(sqlite_live_server
     healthy run moves the sampled weights and nothing moves them between steps; updates dropped from
     step 2 (after the norm was logged) leave them exactly as they were there; routers noised as step
     2 begins show as a change outside the optimizer at step 2 only, and the triage rules read both."""
-    from moeproxy.integrations.weight_probe import NAMES
     from moeproxy.signatures.canonical import RunMetrics, canonicalise
     from moeproxy.signatures.levels import whole_run_evidence
+
+    from moeproxy.integrations.weight_probe import NAMES
 
     def probe(entry):
         return [{k: s["values"][v] for k, v in NAMES.items()} for s in entry["trace"]["steps"]]
@@ -597,3 +598,39 @@ def test_the_callback_sends_what_each_step_did_to_the_weights(sqlite_live_server
     run = canonicalise(RunMetrics.from_steps(noised["trace"]["steps"], framework="trl"))
     (found,) = [f for f in whole_run_evidence(run) if f.rule == "router_changed_outside_optimizer"]
     assert "from step 2" in found.text
+
+
+def test_batch_12s_faults_act_where_they_say(tiny_checkpoint):
+    """Batch 12 on a real AdamW and a real tiny Qwen3-MoE: updates dropped from step 50 and on every
+    third step; the routers rounded to bf16 from step 150 and not before; the NaN at step 67."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    for key, onset, dropped in (("update_dropped_quarter", 50, lambda step: step >= 50),
+                                ("skip_every_third", 0, lambda step: step % 3 == 0)):
+        lin = torch.nn.Linear(4, 1)
+        opt = torch.optim.AdamW(lin.parameters(), lr=1e-3)
+        setup = trl_runs.Setup(model=None, steps=200, config={})
+        assert trl_runs.RUNS[key].apply(setup) == onset
+        (drop,) = setup.callbacks
+        for step in (1, 2, 3, 49, 50, 51, 52, 53, 54):
+            before = lin.weight.detach().clone()
+            lin(torch.ones(2, 4)).sum().backward()
+            drop.on_pre_optimizer_step(None, _state(step), None, optimizer=opt)
+            opt.step()
+            opt.zero_grad()
+            assert torch.equal(before, lin.weight) == dropped(step), (key, step)
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["router_downcast_late"].apply(setup) == 150
+    (cast,) = setup.callbacks
+    cast.on_step_begin(None, _state(149), None, model=model)
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    cast.on_step_begin(None, _state(150), None, model=model)
+    gates = [n for n in before if n.endswith("mlp.gate.weight")]
+    assert gates and all((not torch.equal(before[n], p)) == (n in gates) for n, p in model.named_parameters())
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["nan_grad_third"].apply(setup) == 67
