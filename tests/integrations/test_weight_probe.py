@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from moeproxy.integrations.weight_probe import NAMES, ROUTER_WEIGHT, WeightProbe  # noqa: E402
+from moeproxy.integrations.weight_probe import NAMES, ROUTER_WEIGHT, WeightProbe
 
 
 class Block(torch.nn.Module):
