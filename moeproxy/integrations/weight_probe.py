@@ -83,9 +83,17 @@ class WeightProbe:
         import torch
 
         with torch.no_grad():
-            parts = [_local(p).reshape(-1)[idx.to(_local(p).device)].double().cpu() for p, idx, _ in self._picks]
-        routers = [x for x, (_, _, r) in zip(parts, self._picks, strict=True) if r]
-        return torch.cat(parts), (torch.cat(routers) if routers else None)
+            parts = []
+            for k, (p, idx, router) in enumerate(self._picks):
+                local = _local(p)
+                if idx.device != local.device:  # kept where the weight lives: one move, not one a step
+                    idx = idx.to(local.device)
+                    self._picks[k] = (p, idx, router)
+                # float32 on the device (exact for bf16, fp16 and fp32 weights; MPS has no float64)
+                parts.append(local.reshape(-1)[idx].float())
+            host = _to_host(parts)
+        routers = [x for x, (_, _, r) in zip(host, self._picks, strict=True) if r]
+        return torch.cat(host), (torch.cat(routers) if routers else None)
 
     def start(self) -> None:
         """The weights as training starts: the first step's outside change is against these."""
@@ -120,6 +128,22 @@ class WeightProbe:
         if p.router_outside is not None:
             out[NAMES["router_outside_change"]] = p.router_outside
         return out
+
+
+def _to_host(parts: list[Any]) -> list[Any]:
+    """``parts`` on the CPU in float64, one copy per device (a few thousand numbers in all, where a
+    copy per tensor would be a thousand small transfers a step on an accelerator)."""
+    import torch
+
+    by_device: dict[Any, list[int]] = {}
+    for i, x in enumerate(parts):
+        by_device.setdefault(x.device, []).append(i)
+    host: list[Any] = [None] * len(parts)
+    for ids in by_device.values():
+        flat = torch.cat([parts[i] for i in ids]).cpu().double()
+        for i, chunk in zip(ids, flat.split([parts[i].numel() for i in ids]), strict=True):
+            host[i] = chunk
+    return host
 
 
 def _local(p: Any) -> Any:

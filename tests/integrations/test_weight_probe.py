@@ -139,3 +139,13 @@ def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
     off = MoeproxyCallback("http://127.0.0.1:1", "t", "r", client_factory=Client, probe_weights=False)
     off.on_train_begin(None, State, None, model=model)
     assert off.probe is None
+
+
+def test_the_sample_is_the_sampled_elements_in_order(setup):
+    """The one-copy-per-device gather against reading each tensor's elements one by one."""
+    model, _opt, probe = setup
+    everything, routers = probe._sample()
+    naive = [p.detach().reshape(-1)[idx].double() for p, idx, _ in probe._picks]
+    assert torch.equal(everything, torch.cat(naive))
+    assert torch.equal(routers, torch.cat([x for x, (_, _, r) in zip(naive, probe._picks, strict=True) if r]))
+    assert everything.numel() == sum(min(64, p.numel()) for p in model.parameters() if p.requires_grad)
