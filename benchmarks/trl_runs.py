@@ -1069,10 +1069,10 @@ def run_one(key: str, *, steps: int, seed: int, api: Api, url: str, token: str, 
         trainer = GRPOTrainer(model=setup.model, reward_funcs=setup.reward_funcs, args=GRPOConfig(**setup.config),
                               train_dataset=dataset, processing_class=tokenizer,
                               callbacks=[callback, *setup.callbacks])
-        for hook in setup.on_trainer:
-            hook(trainer)
     except ValueError as exc:  # TRL refuses the setting: that is the finding
         return {**entry, "refused": f"{type(exc).__name__}: {exc}"}
+    for hook in setup.on_trainer:
+        hook(trainer)
 
     start = time.perf_counter()
     try:

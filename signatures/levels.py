@@ -931,21 +931,28 @@ BALANCE_LR_RISE = 2.0
 #: finite gradient norm above 0 and an LR above 0 (not one: the first step of a warm-up from 0 runs
 #: at LR 0, and a log may say the LR after the scheduler moved it).
 UPDATE_NOT_APPLIED_STEPS = 3
+#: Chosen: ... at an LR of at least this share of the run's largest. A schedule that decays to 0 ends
+#: on steps whose updates bf16 weights without an fp32 copy round away, by design of the schedule.
+UPDATE_LR_SHARE = 0.1
 
 
 @rule("update_not_applied")
 def _update_not_applied(run: CanonicalRun) -> list[Finding]:
     """The optimizer stepped with a gradient and changed nothing (``update_ratio_min`` 0 exactly,
-    MoeproxyCallback's weight probe): a wrapper that drops the step after the norm was measured,
-    parameters missing from the optimizer's groups, or updates below the weights' precision (bf16
-    weights without an fp32 copy). Logs of several steps count when any of their steps changed
-    nothing (the smallest of them is 0)."""
+    MoeproxyCallback's weight probe): a wrapper that drops the step after the norm was measured, an
+    optimizer built over other parameters than the ones that train, or updates below the weights'
+    precision (bf16 weights without an fp32 copy) at an LR the run really trains at. Logs of several
+    steps count when any of their steps changed nothing (the smallest of them is 0); a run long
+    enough to be binned (canonical.py) averages isolated zeros away."""
     u, g = run.metrics.get("update_ratio_min"), run.metrics.get("grad_norm")
     if u is None or g is None:
         return []
     lr = run.metrics.get("lr")
-    lr_positive = np.ones_like(u.finite) if lr is None else ~lr.observed | (lr.values > 0)
-    dead = u.finite & (u.values == 0.0) & g.finite & (g.values > 0.0) & lr_positive
+    lr_working = np.ones_like(u.finite)
+    if lr is not None and lr.finite.any():
+        peak = float(lr.values[lr.finite].max())
+        lr_working = ~lr.observed | ((lr.values > 0) & (lr.values >= UPDATE_LR_SHARE * peak))
+    dead = u.finite & (u.values == 0.0) & g.finite & (g.values > 0.0) & lr_working
     count = int(dead.sum())
     if count < UPDATE_NOT_APPLIED_STEPS:
         return []
@@ -961,24 +968,30 @@ def _update_not_applied(run: CanonicalRun) -> list[Finding]:
 #: float32 round-off (about 1e-7) by a margin. Exactly 0 where only the optimizer writes them; a
 #: bf16 round trip of fp32 weights moves them by about 1e-3, damage by far more.
 ROUTER_OUTSIDE_MIN = 1e-6
+#: Chosen: ... and by this many times the change of all the sampled weights at the same step: a write
+#: to the whole model (a cast of the policy in place, a reload) moves the routers with the rest and is
+#: not router damage (the real routers rounded to bf16 of trl_runs_12: 27x).
+ROUTER_OVER_ALL = 2.0
 
 
 @rule("router_changed_outside_optimizer")
 def _router_changed_outside_optimizer(run: CanonicalRun) -> list[Finding]:
     """The MoE routers' weights changed between two optimizer steps (``router_outside_change``,
     MoeproxyCallback's weight probe): something other than training wrote them."""
-    got = _values(run, "router_outside_change", 1)
-    if got is None:
+    s = run.metrics.get("router_outside_change")
+    if s is None:
         return []
-    s, v = got
-    hit = v > ROUTER_OUTSIDE_MIN
+    everything = run.metrics.get("outside_change")
+    rest = np.zeros_like(s.values) if everything is None else np.where(everything.finite, everything.values, np.inf)
+    hit = s.finite & (s.values > ROUTER_OUTSIDE_MIN) & (s.values > ROUTER_OVER_ALL * rest)
     if not hit.any():
         return []
-    first = _finite_step(run, s, int(np.argmax(hit)))
-    return [Finding("router_changed_outside_optimizer", "router_outside_change", s.source, float(v.max()),
+    first, largest = int(run.steps[np.argmax(hit)]), float(s.values[hit].max())
+    return [Finding("router_changed_outside_optimizer", "router_outside_change", s.source, largest,
                     ROUTER_OUTSIDE_MIN, ("router_corruption",),
-                    f"{s.source} {v.max():.3g} at its largest, above 0 on {int(hit.sum())} logged steps from step "
-                    f"{first}: the MoE routers' weights changed between two optimizer steps, outside training "
+                    f"{s.source} {largest:.3g} at its largest, on {int(hit.sum())} logged steps from step {first}, "
+                    f"over {ROUTER_OVER_ALL:g}x the change of all the sampled weights: the MoE routers' weights "
+                    "changed between two optimizer steps, outside training, and the rest did not as much "
                     "(a down-cast, a merge, a reload)", "weight-probe")]
 
 

@@ -110,16 +110,29 @@ class MoeproxyCallback(TrainerCallback):
             **self.client_kwargs,
         )
         if self.probe_weights and model is not None:
-            self._probe(lambda: setattr(self, "probe", WeightProbe(model)))
-            self._probe(lambda: self.probe and self.probe.start())
+            self._start_probe(args, model, kwargs.get("optimizer"))
+
+    def _start_probe(self, args, model, optimizer) -> None:
+        elsewhere = _updates_elsewhere(args, optimizer)
+        if elsewhere:
+            log.info("moeproxy: weight probe off: %s applies the update outside optimizer.step()", elsewhere)
+            return
+        try:
+            self.probe = WeightProbe(model)
+            self.probe.start()
+        except Exception as exc:  # noqa: BLE001 - a model the probe cannot read is not the user's problem
+            self._probe_off(exc)
 
     def _probe(self, act) -> None:
         # The probe must never stop a training run: on any error it says so once and turns itself off.
         try:
             act()
         except Exception as exc:  # noqa: BLE001 - a model the probe cannot read is not the user's problem
-            log.warning("moeproxy: weight probe turned off (%s: %s)", type(exc).__name__, exc)
-            self.probe = None
+            self._probe_off(exc)
+
+    def _probe_off(self, exc: Exception) -> None:
+        log.warning("moeproxy: weight probe turned off (%s: %s)", type(exc).__name__, exc)
+        self.probe = None
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.probe is not None:
@@ -140,8 +153,26 @@ class MoeproxyCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.client is not None:
+            # The probe's measurements of the steps after the last log (the last step's, at its step).
+            rest = self.probe.flush() if self.probe is not None else {}
+            if rest:
+                self.client.log(int(state.global_step), rest)
             self.client.close(status="finished")
             self.client = None
+
+
+#: Optimizer wrappers whose ``step()`` does nothing because the update happens elsewhere:
+#: accelerate's DeepSpeed wrapper (the engine steps inside ``backward``) and transformers'
+#: layer-wise optimizers (each layer steps in a backward hook).
+_STEP_ELSEWHERE = frozenset({"DeepSpeedOptimizerWrapper", "LayerWiseDummyOptimizer"})
+
+
+def _updates_elsewhere(args, optimizer) -> str | None:
+    """What in this run updates the weights outside ``optimizer.step()``, if anything does."""
+    if getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        return "DeepSpeed"
+    name = type(optimizer).__name__ if optimizer is not None else None
+    return name if name in _STEP_ELSEWHERE else None
 
 
 def _peft_section(model) -> dict[str, Any]:

@@ -571,7 +571,7 @@ def test_the_callback_sends_what_each_step_did_to_the_weights(sqlite_live_server
     """A real GRPOTrainer on the tiny Qwen3-MoE, 3 steps, through the server: every step of a
     healthy run moves the sampled weights and nothing moves them between steps; updates dropped from
     step 2 (after the norm was logged) leave them exactly as they were there; routers noised as step
-    2 begins show as a change outside the optimizer at step 2 only, and the triage rules read both."""
+    2 begins show as a change outside the optimizer at step 2 only, and the router rule reads it."""
     from moeproxy.signatures.canonical import RunMetrics, canonicalise
     from moeproxy.signatures.levels import whole_run_evidence
 
@@ -588,9 +588,6 @@ def test_the_callback_sends_what_each_step_did_to_the_weights(sqlite_live_server
     dropped = probe(entry)
     assert dropped[0]["update_ratio"] > 0 and [p["update_ratio"] for p in dropped[1:]] == [0.0, 0.0]
     assert all(s["values"]["grad_norm"] > 0 for s in entry["trace"]["steps"])  # the norm looks normal
-    # Two dropped steps of three: under the rule's 3, so the tiny run shows the metric, not a finding.
-    run = canonicalise(RunMetrics.from_steps(entry["trace"]["steps"], framework="trl"))
-    assert "update_not_applied" not in {f.rule for f in whole_run_evidence(run)}
 
     noised = _run("router_noise_mid", sqlite_live_server, tiny_checkpoint, tmp_path)
     outside = [p["router_outside_change"] for p in probe(noised)]

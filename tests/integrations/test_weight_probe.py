@@ -140,6 +140,55 @@ def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
     off.on_train_begin(None, State, None, model=model)
     assert off.probe is None
 
+    class DeepSpeedArgs:
+        deepspeed = "ds_config.json"
+
+        def to_dict(self):
+            return {}
+
+    ds = MoeproxyCallback("http://127.0.0.1:1", "t", "r", client_factory=Client)
+    ds.on_train_begin(DeepSpeedArgs(), State, None, model=model)
+    assert ds.probe is None  # DeepSpeed updates inside backward: the probe would see no update
+
+    class LayerWiseDummyOptimizer:  # transformers' stand-in for optimizers that step in backward hooks
+        pass
+
+    layer_wise = MoeproxyCallback("http://127.0.0.1:1", "t", "r", client_factory=Client)
+    layer_wise.on_train_begin(None, State, None, model=model, optimizer=LayerWiseDummyOptimizer())
+    assert layer_wise.probe is None
+
+
+def test_steps_after_the_last_log_are_sent_when_training_ends():
+    from moeproxy.integrations.transformers import MoeproxyCallback
+
+    class State:
+        is_world_process_zero = True
+        global_step = 7
+
+    class Client:
+        def __init__(self, *a, **k):
+            self.sent, self.closed = [], None
+
+        def log(self, step, values):
+            self.sent.append((step, values))
+
+        def close(self, status):
+            self.closed = status
+
+    torch.manual_seed(0)
+    model = Block()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    cb = MoeproxyCallback("http://127.0.0.1:1", "t", "r", client_factory=Client)
+    cb.on_train_begin(None, State, None, model=model)
+    client = cb.client
+    model(torch.randn(4, 8)).backward()
+    cb.on_pre_optimizer_step(None, State, None)
+    opt.step()
+    cb.on_optimizer_step(None, State, None)
+    cb.on_train_end(None, State, None)
+    ((step, values),) = client.sent
+    assert step == 7 and values[NAMES["update_ratio"]] > 0 and client.closed == "finished"
+
 
 def test_the_sample_is_the_sampled_elements_in_order(setup):
     """The one-copy-per-device gather against reading each tensor's elements one by one."""
@@ -149,3 +198,45 @@ def test_the_sample_is_the_sampled_elements_in_order(setup):
     assert torch.equal(everything, torch.cat(naive))
     assert torch.equal(routers, torch.cat([x for x, (_, _, r) in zip(naive, probe._picks, strict=True) if r]))
     assert everything.numel() == sum(min(64, p.numel()) for p in model.parameters() if p.requires_grad)
+
+
+def test_a_trainer_that_updates_outside_the_optimizer_step_turns_the_probe_off(setup):
+    """DeepSpeed steps its engine inside backward and the wrapped optimizer.step() does nothing: on
+    the first step the weights moved before the window and not in it, so the probe stops there,
+    before anything is sent; a warm-up's LR-0 first step (nothing moved at all) does not stop it."""
+    from moeproxy.integrations.weight_probe import ProbeOutOfStep
+
+    model, opt, probe = setup
+    model(torch.randn(16, 8)).backward()
+    opt.step()  # the update, inside "backward"
+    probe.before_step()
+    with pytest.raises(ProbeOutOfStep):
+        probe.after_step()  # the wrapper's step() is a no-op
+
+    torch.manual_seed(0)
+    model = Block()
+    still = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    probe = WeightProbe(model)
+    probe.start()
+    _step(model, still, probe)
+    assert probe.flush()[NAMES["update_ratio"]] == 0.0
+
+
+def test_weights_that_turn_nan_make_every_figure_nan(setup):
+    import math
+
+    model, opt, probe = setup
+    _step(model, opt, probe)
+    probe.flush()
+    with torch.no_grad():
+        model.mlp.gate.weight[0, 0] = float("nan")
+    _step(model, opt, probe)
+    _step(model, opt, probe)
+    out = probe.flush()
+    assert math.isnan(out[NAMES["outside_change"]]) and math.isnan(out[NAMES["router_outside_change"]])
+    assert math.isnan(out[NAMES["update_ratio"]]) and math.isnan(out[NAMES["update_ratio_min"]])
+
+
+def test_a_sample_size_under_one_is_refused():
+    with pytest.raises(ValueError, match="per_tensor"):
+        WeightProbe(Block(), per_tensor=0)

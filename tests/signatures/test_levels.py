@@ -589,7 +589,8 @@ def test_optimizer_steps_that_change_nothing_are_an_omitted_update():
     assert not {"update_not_applied", "router_changed_outside_optimizer"} & _rules(_probed(moving))
     dropped = np.where(np.arange(N) >= N // 2, 0.0, 2e-4)  # every update from halfway, norm normal
     (found,) = [f for f in whole_run_evidence(_run(_probed(dropped))) if f.rule == "update_not_applied"]
-    assert found.supports == ("actor_update_omission",) and found.value == N - N // 2
+    lr = _healthy_trl()["learning_rate"]  # TRL's linear decay: its last tenth of the way does not count
+    assert found.supports == ("actor_update_omission",) and found.value == ((dropped == 0) & (lr >= 0.1 * lr.max())).sum()
     assert f"first at step {N // 2 + 1}" in found.text
     every_other = np.where(np.arange(N) % 2 == 1, 0.0, 2e-4)
     assert "update_not_applied" in _rules(_probed(every_other))
@@ -602,6 +603,9 @@ def test_optimizer_steps_that_change_nothing_are_an_omitted_update():
     assert "update_not_applied" not in _rules(_probed(dropped, learning_rate=np.where(dropped == 0, 0.0, base_lr)))
     nan = np.where(dropped == 0, np.nan, 0.5)  # a non-finite norm: an overflow's skip, not this
     assert "update_not_applied" not in _rules(_probed(dropped, grad_norm=nan))
+    # A schedule decayed to under a tenth of its peak: bf16 weights round such updates away by design.
+    tail = np.where(base_lr < 0.1 * base_lr.max(), 0.0, 2e-4)
+    assert tail.sum() < 2e-4 * N and "update_not_applied" not in _rules(_probed(tail))
 
 
 def test_routers_written_between_optimizer_steps_are_router_corruption():
@@ -611,7 +615,12 @@ def test_routers_written_between_optimizer_steps_are_router_corruption():
     rounding[50] = 1e-7  # float32 round-off
     assert "router_changed_outside_optimizer" not in _rules({**quiet, "moeproxy/router_outside_change": rounding})
     downcast = np.where(np.arange(N) >= 100, 1.5e-3, 0.0)  # a bf16 round trip before every step from 100
-    (found,) = [f for f in whole_run_evidence(_run({**quiet, "moeproxy/router_outside_change": downcast}))
+    diluted = downcast / 27  # all the sampled weights moved less, as in trl_runs_12's down-cast
+    (found,) = [f for f in whole_run_evidence(_run({**quiet, "moeproxy/router_outside_change": downcast,
+                                                    "moeproxy/outside_change": diluted}))
                 if f.rule == "router_changed_outside_optimizer"]
     assert found.supports == ("router_corruption",) and "from step 101" in found.text
-    assert f"above 0 on {N - 100} logged steps" in found.text
+    assert f"on {N - 100} logged steps" in found.text
+    # The whole model written at once (a cast of the policy in place, a reload): not router damage.
+    whole = {**quiet, "moeproxy/router_outside_change": downcast, "moeproxy/outside_change": downcast * 0.8}
+    assert "router_changed_outside_optimizer" not in _rules(whole)
