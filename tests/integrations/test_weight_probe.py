@@ -101,23 +101,31 @@ def test_frozen_weights_are_not_read_and_a_model_without_trainable_weights_repor
     assert empty.empty and empty.flush() == {}
 
 
+class Client:
+    """What MoeproxyCallback hands its logs to, kept in memory."""
+
+    def __init__(self, *a, **k):
+        self.sent, self.closed = [], None
+
+    def log(self, step, values):
+        self.sent.append((step, values))
+
+    def close(self, status):
+        self.closed = status
+
+
+def _state(step: int):
+    class State:
+        is_world_process_zero = True
+        global_step = step
+
+    return State
+
+
 def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
     from moeproxy.integrations.transformers import MoeproxyCallback
 
-    class State:
-        is_world_process_zero = True
-        global_step = 1
-
-    class Client:
-        def __init__(self, *a, **k):
-            self.sent = []
-
-        def log(self, step, values):
-            self.sent.append((step, values))
-
-        def close(self, status):
-            pass
-
+    State = _state(1)
     torch.manual_seed(0)
     model = Block()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
@@ -161,20 +169,7 @@ def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
 def test_steps_after_the_last_log_are_sent_when_training_ends():
     from moeproxy.integrations.transformers import MoeproxyCallback
 
-    class State:
-        is_world_process_zero = True
-        global_step = 7
-
-    class Client:
-        def __init__(self, *a, **k):
-            self.sent, self.closed = [], None
-
-        def log(self, step, values):
-            self.sent.append((step, values))
-
-        def close(self, status):
-            self.closed = status
-
+    State = _state(7)
     torch.manual_seed(0)
     model = Block()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
