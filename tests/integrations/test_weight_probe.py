@@ -122,10 +122,11 @@ def _state(step: int):
     return State
 
 
-def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
+def _one_step_through_the_callback(step: int):
+    """A MoeproxyCallback started on a fresh layer, through one real AdamW step at ``step``."""
     from moeproxy.integrations.transformers import MoeproxyCallback
 
-    State = _state(1)
+    State = _state(step)
     torch.manual_seed(0)
     model = Block()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
@@ -135,6 +136,13 @@ def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
     cb.on_pre_optimizer_step(None, State, None)
     opt.step()
     cb.on_optimizer_step(None, State, None)
+    return cb, model, State
+
+
+def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
+    from moeproxy.integrations.transformers import MoeproxyCallback
+
+    cb, model, State = _one_step_through_the_callback(1)
     cb.on_log(None, State, None, logs={"loss": 0.5})
     ((step, values),) = cb.client.sent
     assert step == 1 and values["loss"] == 0.5 and values[NAMES["update_ratio"]] > 0
@@ -167,19 +175,8 @@ def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
 
 
 def test_steps_after_the_last_log_are_sent_when_training_ends():
-    from moeproxy.integrations.transformers import MoeproxyCallback
-
-    State = _state(7)
-    torch.manual_seed(0)
-    model = Block()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    cb = MoeproxyCallback("http://127.0.0.1:1", "t", "r", client_factory=Client)
-    cb.on_train_begin(None, State, None, model=model)
+    cb, _model, State = _one_step_through_the_callback(7)
     client = cb.client
-    model(torch.randn(4, 8)).backward()
-    cb.on_pre_optimizer_step(None, State, None)
-    opt.step()
-    cb.on_optimizer_step(None, State, None)
     cb.on_train_end(None, State, None)
     ((step, values),) = client.sent
     assert step == 7 and values[NAMES["update_ratio"]] > 0 and client.closed == "finished"
