@@ -655,18 +655,19 @@ def _reward_window(setup: Setup) -> int:
     return 0
 
 
-def _skip_every_other(setup: Setup) -> int:
-    # Every second optimizer step skipped from the first (an accumulation counter off by one): the
-    # norm is logged, the update of every even step is dropped.
-    setup.callbacks.append(update_dropped_callback(lambda step: step % 2 == 0))
-    return 0
+def _skip_every(n: int) -> Callable[[Setup], int]:
+    """The update of every ``n``-th optimizer step dropped from the first, after the norm was logged
+    (every second: an accumulation counter off by one; every third: a wrapper that steps two
+    accumulation windows of three)."""
+
+    def apply(setup: Setup) -> int:
+        setup.callbacks.append(update_dropped_callback(lambda step: step % n == 0))
+        return 0
+
+    return apply
 
 
-def _skip_every_third(setup: Setup) -> int:
-    # Every third optimizer step skipped from the first (a wrapper that steps two accumulation
-    # windows of three): the norm is logged, the update of every third step is dropped.
-    setup.callbacks.append(update_dropped_callback(lambda step: step % 3 == 0))
-    return 0
+_skip_every_other, _skip_every_third = _skip_every(2), _skip_every(3)
 
 
 def _healthy_lr_double(setup: Setup) -> None:

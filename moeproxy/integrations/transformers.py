@@ -117,22 +117,20 @@ class MoeproxyCallback(TrainerCallback):
         if elsewhere:
             log.info("moeproxy: weight probe off: %s applies the update outside optimizer.step()", elsewhere)
             return
-        try:
+
+        def start() -> None:
             self.probe = WeightProbe(model)
             self.probe.start()
-        except Exception as exc:  # noqa: BLE001 - a model the probe cannot read is not the user's problem
-            self._probe_off(exc)
+
+        self._probe(start)
 
     def _probe(self, act) -> None:
         # The probe must never stop a training run: on any error it says so once and turns itself off.
         try:
             act()
         except Exception as exc:  # noqa: BLE001 - a model the probe cannot read is not the user's problem
-            self._probe_off(exc)
-
-    def _probe_off(self, exc: Exception) -> None:
-        log.warning("moeproxy: weight probe turned off (%s: %s)", type(exc).__name__, exc)
-        self.probe = None
+            log.warning("moeproxy: weight probe turned off (%s: %s)", type(exc).__name__, exc)
+            self.probe = None
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.probe is not None:

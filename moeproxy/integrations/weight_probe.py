@@ -88,7 +88,9 @@ class WeightProbe:
         if per_tensor < 1:
             raise ValueError(f"per_tensor must be at least 1, not {per_tensor}")
         gen = torch.Generator().manual_seed(seed)
-        self._picks: list[tuple[Any, Any, bool]] = []  # (parameter, flat indices, is a router)
+        # (parameter, flat indices, the largest of them, is a router): the largest kept as a Python
+        # int, so the size check of every sample reads no value back from an accelerator.
+        self._picks: list[tuple[Any, Any, int, bool]] = []
         for name, p in model.named_parameters():
             n = _local(p).numel()
             if not p.requires_grad or n == 0:
@@ -96,8 +98,8 @@ class WeightProbe:
             # Drawn with replacement: a permutation of a fused expert tensor (4e8 elements in a
             # 30B MoE) would cost gigabytes; a repeated index only reads one element twice.
             idx = torch.arange(n) if n <= per_tensor else torch.randint(n, (per_tensor,), generator=gen)
-            self._picks.append((p, idx, bool(ROUTER_WEIGHT.search(name))))
-        self.has_routers = any(r for _, _, r in self._picks)
+            self._picks.append((p, idx, int(idx.max()), bool(ROUTER_WEIGHT.search(name))))
+        self.has_routers = any(r for *_, r in self._picks)
         self._last: tuple[Any, Any] | None = None  # after the last optimizer step: (all, routers)
         self._before: tuple[Any, Any] | None = None
         self._outside_now = 0.0  # the change outside the optimizer before the step under way
@@ -113,19 +115,19 @@ class WeightProbe:
 
         with torch.no_grad():
             parts = []
-            for k, (p, idx, router) in enumerate(self._picks):
+            for k, (p, idx, largest, router) in enumerate(self._picks):
                 local = _local(p)
                 if idx.device != local.device:  # kept where the weight lives: one move, not one a step
                     idx = idx.to(local.device)
-                    self._picks[k] = (p, idx, router)
-                if int(idx.max()) >= local.numel():  # its local size changed (a re-sharded view)
+                    self._picks[k] = (p, idx, largest, router)
+                if largest >= local.numel():  # its local size changed (a re-sharded view)
                     raise ProbeError(f"a parameter's local size changed to {local.numel()} elements")
                 # torch.take reads a non-contiguous tensor without copying it whole; float32 on the
                 # device is exact for bf16, fp16 and fp32 weights (MPS has no float64).
                 wide = torch.float64 if local.dtype == torch.float64 else torch.float32
                 parts.append(torch.take(local.detach(), idx).to(wide))
             host = _to_host(parts)
-        routers = [x for x, (_, _, r) in zip(host, self._picks, strict=True) if r]
+        routers = [x for x, (*_, r) in zip(host, self._picks, strict=True) if r]
         return torch.cat(host), (torch.cat(routers) if routers else None)
 
     def start(self) -> None:

@@ -209,24 +209,11 @@ def _assert_lr_raised(key: str, at: int, factor: float) -> None:
 def test_batch_5s_mid_run_faults_act_on_a_real_optimizer():
     """Batch 5's faults through a real AdamW and LambdaLR: the LR schedule x100 from its step on,
     every update dropped from its step on after the gradient exists, the accuracy sign flipped."""
-    import torch
     from moeproxy.reproduction.formats import get_format
     from moeproxy.reproduction.tasks import format_prompt, make_split
 
     _assert_lr_raised("lr_x100_late", 100, 100.0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    setup = trl_runs.Setup(model=None, steps=200, config={})
-    assert trl_runs.RUNS["update_dropped_late"].apply(setup) == 100
-    (drop,) = setup.callbacks
-    for step, moves in ((99, True), (100, False), (101, False)):
-        before = model.weight.detach().clone()
-        model(torch.ones(2, 4)).sum().backward()
-        drop.on_pre_optimizer_step(None, _state(step), None, optimizer=opt)
-        opt.step()
-        opt.zero_grad()
-        assert (not torch.equal(before, model.weight)) == moves, step
+    _assert_updates_dropped("update_dropped_late", 100, (99, 100, 101), lambda step: step >= 100)
 
     setup = trl_runs.Setup(model=None, steps=200, config={})
     assert trl_runs.RUNS["reward_sign_flip"].apply(setup) == 0
@@ -235,6 +222,48 @@ def test_batch_5s_mid_run_faults_act_on_a_real_optimizer():
     kw = {"task": [ex.task], "answer": [ex.answer]}
     assert flipped.__name__ == "accuracy_reward"
     assert flipped([format_prompt(ex)], [get_format("reasoning").target(ex)], **kw) == [-1.0]
+
+
+def _assert_updates_dropped(key: str, onset: int, steps, dropped) -> None:
+    """``key``'s injection through a real AdamW: it returns ``onset``, and of each step in ``steps``
+    (1-based) the update is dropped, after the gradient exists, exactly where ``dropped(step)``."""
+    import torch
+
+    lin = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-3)
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS[key].apply(setup) == onset
+    (drop,) = setup.callbacks
+    for step in steps:
+        before = lin.weight.detach().clone()
+        lin(torch.ones(2, 4)).sum().backward()
+        drop.on_pre_optimizer_step(None, _state(step), None, optimizer=opt)
+        opt.step()
+        opt.zero_grad()
+        assert torch.equal(before, lin.weight) == dropped(step), (key, step)
+
+
+def _assert_routers_rounded_from(checkpoint, key: str, at: int) -> None:
+    """``key``'s injection on a real tiny Qwen3-MoE: it returns ``at``, leaves every weight as it was
+    before step ``at``, and from it leaves every MoE gate a bf16 value and nothing else touched."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS[key].apply(setup) == at
+    (cast,) = setup.callbacks
+    cast.on_step_begin(None, _state(at - 1), None, model=model)
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters()), key  # not yet
+    cast.on_step_begin(None, _state(at), None, model=model)
+    gates = [n for n in before if n.endswith("mlp.gate.weight")]
+    assert gates, key
+    for n, p in model.named_parameters():
+        if n in gates:
+            assert not torch.equal(before[n], p) and torch.equal(p, p.to(torch.bfloat16).float()), (key, n)
+        else:
+            assert torch.equal(before[n], p), (key, n)
 
 
 def _assert_routers_changed(checkpoint, key: str, onset: int, acts_at: int, changed_rows: float) -> None:
@@ -314,19 +343,7 @@ def test_batch_7s_faults_act_where_they_say(tiny_checkpoint):
                                                                           strict=True)]).mean().item()
     assert deltas["router_noise_late"] == pytest.approx(3 * deltas["router_noise_mid"], rel=0.05)
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    setup = trl_runs.Setup(model=None, steps=200, config={})
-    assert trl_runs.RUNS["router_downcast_mid"].apply(setup) == 100
-    (cast,) = setup.callbacks
-    cast.on_step_begin(None, _state(99), None, model=model)
-    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())  # not yet
-    cast.on_step_begin(None, _state(100), None, model=model)
-    for n, p in model.named_parameters():
-        if n.endswith("mlp.gate.weight"):
-            assert not torch.equal(before[n], p) and torch.equal(p, p.to(torch.bfloat16).float()), n
-        else:
-            assert torch.equal(before[n], p), n
+    _assert_routers_rounded_from(tiny_checkpoint, "router_downcast_mid", 100)
 
     setup = trl_runs.Setup(model=None, steps=200, config={})
     assert trl_runs.RUNS["reward_window"].apply(setup) == 0
@@ -340,18 +357,7 @@ def test_batch_7s_faults_act_where_they_say(tiny_checkpoint):
     assert trl_runs.accuracy_reward([format_prompt(ex)], [padded], **kw) == [1.0]
     assert windowed([format_prompt(ex)], [padded], **kw) == [0.0]
 
-    lin = torch.nn.Linear(4, 1)
-    opt = torch.optim.AdamW(lin.parameters(), lr=1e-3)
-    setup = trl_runs.Setup(model=None, steps=200, config={})
-    assert trl_runs.RUNS["skip_every_other"].apply(setup) == 0
-    (skip,) = setup.callbacks
-    for step in (1, 2, 3, 4):
-        before_w = lin.weight.detach().clone()
-        lin(torch.ones(2, 4)).sum().backward()
-        skip.on_pre_optimizer_step(None, _state(step), None, optimizer=opt)
-        opt.step()
-        opt.zero_grad()
-        assert (not torch.equal(before_w, lin.weight)) == (step % 2 == 1), step
+    _assert_updates_dropped("skip_every_other", 0, (1, 2, 3, 4), lambda step: step % 2 == 0)
 
 
 def test_batch_8s_router_faults_change_the_gates_at_their_step(tiny_checkpoint):
@@ -600,34 +606,10 @@ def test_the_callback_sends_what_each_step_did_to_the_weights(sqlite_live_server
 def test_batch_12s_faults_act_where_they_say(tiny_checkpoint):
     """Batch 12 on a real AdamW and a real tiny Qwen3-MoE: updates dropped from step 50 and on every
     third step; the routers rounded to bf16 from step 150 and not before; the NaN at step 67."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    for key, onset, dropped in (("update_dropped_quarter", 50, lambda step: step >= 50),
-                                ("skip_every_third", 0, lambda step: step % 3 == 0)):
-        lin = torch.nn.Linear(4, 1)
-        opt = torch.optim.AdamW(lin.parameters(), lr=1e-3)
-        setup = trl_runs.Setup(model=None, steps=200, config={})
-        assert trl_runs.RUNS[key].apply(setup) == onset
-        (drop,) = setup.callbacks
-        for step in (1, 2, 3, 49, 50, 51, 52, 53, 54):
-            before = lin.weight.detach().clone()
-            lin(torch.ones(2, 4)).sum().backward()
-            drop.on_pre_optimizer_step(None, _state(step), None, optimizer=opt)
-            opt.step()
-            opt.zero_grad()
-            assert torch.equal(before, lin.weight) == dropped(step), (key, step)
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    setup = trl_runs.Setup(model=None, steps=200, config={})
-    assert trl_runs.RUNS["router_downcast_late"].apply(setup) == 150
-    (cast,) = setup.callbacks
-    cast.on_step_begin(None, _state(149), None, model=model)
-    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
-    cast.on_step_begin(None, _state(150), None, model=model)
-    gates = [n for n in before if n.endswith("mlp.gate.weight")]
-    assert gates and all((not torch.equal(before[n], p)) == (n in gates) for n, p in model.named_parameters())
+    steps = (1, 2, 3, 49, 50, 51, 52, 53, 54)
+    _assert_updates_dropped("update_dropped_quarter", 50, steps, lambda step: step >= 50)
+    _assert_updates_dropped("skip_every_third", 0, steps, lambda step: step % 3 == 0)
+    _assert_routers_rounded_from(tiny_checkpoint, "router_downcast_late", 150)
 
     setup = trl_runs.Setup(model=None, steps=200, config={})
     assert trl_runs.RUNS["nan_grad_third"].apply(setup) == 67

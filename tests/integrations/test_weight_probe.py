@@ -88,7 +88,7 @@ def test_weights_written_between_steps_show_as_outside_changes_routers_apart(set
 
 def test_frozen_weights_are_not_read_and_a_model_without_trainable_weights_reports_nothing(setup):
     model, opt, probe = setup
-    assert all(p.requires_grad for p, _, _ in probe._picks)
+    assert all(p.requires_grad for p, *_ in probe._picks)
     with torch.no_grad():
         model.frozen.weight.add_(1.0)  # a frozen base moved by a merge and back: not the probe's business
     _step(model, opt, probe)
@@ -147,7 +147,7 @@ def test_the_callback_sends_the_probe_and_survives_a_probe_that_fails():
     ((step, values),) = cb.client.sent
     assert step == 1 and values["loss"] == 0.5 and values[NAMES["update_ratio"]] > 0
 
-    cb.probe._picks[0] = (None, None, False)  # a parameter the probe cannot read any more
+    cb.probe._picks[0] = (None, None, 0, False)  # a parameter the probe cannot read any more
     cb.on_pre_optimizer_step(None, State, None)  # warns and turns the probe off; training goes on
     assert cb.probe is None
     cb.on_log(None, State, None, logs={"loss": 0.4})
@@ -186,9 +186,9 @@ def test_the_sample_is_the_sampled_elements_in_order(setup):
     """The one-copy-per-device gather against reading each tensor's elements one by one."""
     model, _opt, probe = setup
     everything, routers = probe._sample()
-    naive = [p.detach().reshape(-1)[idx].double() for p, idx, _ in probe._picks]
+    naive = [p.detach().reshape(-1)[idx].double() for p, idx, *_ in probe._picks]
     assert torch.equal(everything, torch.cat(naive))
-    assert torch.equal(routers, torch.cat([x for x, (_, _, r) in zip(naive, probe._picks, strict=True) if r]))
+    assert torch.equal(routers, torch.cat([x for x, r in zip(naive, [r for *_, r in probe._picks], strict=True) if r]))
     assert everything.numel() == sum(min(64, p.numel()) for p in model.parameters() if p.requires_grad)
 
 
