@@ -175,6 +175,8 @@ class Setup:
     callbacks: list[Any] = field(default_factory=list)
     #: Called with the ``GRPOTrainer`` once it is built: a fault that changes the trainer itself.
     on_trainer: list[Callable[[Any], None]] = field(default_factory=list)
+    #: ``GRPOTrainer(optimizers=...)``: (optimizer, scheduler), None for the trainer's own.
+    optimizers: tuple[Any, Any] = (None, None)
 
 
 def base_config(steps: int, seed: int, output_dir: str) -> dict[str, Any]:
@@ -730,6 +732,64 @@ def _reward_length(setup: Setup) -> int:
     return 0
 
 
+# --- batch 13: faults through TRL's own surface that no earlier batch tried -------------------------
+
+def _healthy_grad_accum(setup: Setup) -> None:
+    # Two micro-batches an optimizer step (the usual memory setting): the same 2 prompts x 4
+    # completions a step, half of them a forward.
+    setup.config.update(per_device_train_batch_size=4, gradient_accumulation_steps=2)
+
+
+def _healthy_bnpo(setup: Setup) -> None:
+    setup.config["loss_type"] = "bnpo"  # normalised by the tokens of the local batch
+
+
+def _healthy_warmup_constant(setup: Setup) -> None:
+    setup.config.update(lr_scheduler_type="constant_with_warmup", warmup_steps=0.1)
+
+
+def _reward_none_from(share: float) -> Callable[[Setup], int]:
+    def apply(setup: Setup) -> int:
+        broken = {"now": False}
+
+        @functools.wraps(accuracy_reward)
+        def stops_answering(prompts, completions, **kw) -> list[float | None]:
+            # A checker that stops answering (a judge service timing out behind a wrapper that
+            # returns None, which TRL reads as "this reward does not apply to the sample"): TRL
+            # leaves it out of the sum, and the format reward alone trains from then on.
+            if broken["now"]:
+                return [None for _c in completions]
+            return accuracy_reward(prompts, completions, **kw)
+
+        at = _at(setup, share)
+        setup.reward_funcs = [stops_answering, format_reward]
+        setup.callbacks.append(step_flag_callback(at, lambda: broken.update(now=True)))
+        return at
+
+    return apply
+
+
+def _reference_synced_every_step(setup: Setup) -> int:
+    # The reference model replaced by the policy after every step (TRL's sync_ref_model with
+    # ref_model_mixup_alpha 1.0 every step): the KL term compares the policy with itself one step
+    # back, so it holds the policy near nothing.
+    setup.config.update(sync_ref_model=True, ref_model_mixup_alpha=1.0, ref_model_sync_steps=1)
+    return 0
+
+
+def _optimizer_over_a_copy(setup: Setup) -> int:
+    import copy
+
+    import torch
+
+    # An optimizer built over a copy of the model (made before the model was reloaded or wrapped):
+    # backward fills the model's gradients, the gradient norm is the model's, and the optimizer
+    # steps the copy, whose parameters have no gradient, so AdamW skips every one of them.
+    elsewhere = copy.deepcopy(setup.model)
+    setup.optimizers = (torch.optim.AdamW(elsewhere.parameters(), lr=setup.config["learning_rate"]), None)
+    return 0
+
+
 #: Batch 11's wider steps: 4 prompts x 8 completions (the earlier batches: 2 x 4), so that a healthy
 #: run's learning shows (120 steps of a healthy run: accuracy 0.47 -> 0.57, a reward slope of 3.2
 #: standard errors, against 1.7-2.2 at 2 x 4).
@@ -901,6 +961,19 @@ RUNS: dict[str, RunKind] = {
     "wide_update_dropped_late": RunKind("actor_update_omission", "every optimizer update dropped from step "
                                         "round(0.5 x steps) after the norm was logged; 4 x 8 a step",
                                         _wide(_update_dropped_late)),
+    # batch 13: faults through TRL's own surface that no earlier batch tried
+    "healthy_grad_accum": RunKind("healthy", "nothing injected; 2 micro-batches of 1 prompt x 4 completions an "
+                                  "optimizer step (gradient_accumulation_steps 2)", _healthy_grad_accum),
+    "healthy_warmup_constant": RunKind("healthy", "nothing injected; constant LR after a 10% warm-up",
+                                       _healthy_warmup_constant),
+    "healthy_bnpo": RunKind("healthy", "nothing injected; loss_type bnpo", _healthy_bnpo),
+    "reward_none_late": RunKind("reward_fault", "accuracy_reward returns None for every completion from step "
+                                "round(0.5 x steps)", _reward_none_from(0.5)),
+    "reference_synced_every_step": RunKind("kl_misconfiguration", "sync_ref_model with ref_model_mixup_alpha 1.0 "
+                                           "and ref_model_sync_steps 1: the reference is the policy of the step "
+                                           "before", _reference_synced_every_step),
+    "optimizer_over_a_copy": RunKind("actor_update_omission", "GRPOTrainer(optimizers=...) given an AdamW built "
+                                     "over a deep copy of the model", _optimizer_over_a_copy),
 }
 
 #: The runs of batches 2 on, each in ``benchmarks/results/trl_runs_<n>``, each run on a seed of its
@@ -926,6 +999,8 @@ LATER_BATCHES: dict[int, tuple[str, ...]] = {
          "wide_update_dropped_late"),
     12: ("probe_healthy", "probe_healthy_cosine", "update_dropped_quarter", "skip_every_third", "router_downcast_late",
          "nan_grad_third"),
+    13: ("healthy_grad_accum", "healthy_warmup_constant", "healthy_bnpo", "reward_none_late",
+         "reference_synced_every_step", "optimizer_over_a_copy"),
 }
 #: batch -> (its runs, where they go, the first run's seed, whether each run has a seed of its own).
 BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
@@ -1057,7 +1132,8 @@ def run_one(key: str, *, steps: int, seed: int, api: Api, url: str, token: str, 
     entry: dict[str, Any] = {"label": kind.label, "onset": onset, "framework": FRAMEWORK, "fault": kind.what,
                              "seed": seed, "steps": steps, "config": _jsonable(setup.config),
                              "reward_funcs": [f.__name__ for f in setup.reward_funcs]}
-    prompts_per_step = setup.config["per_device_train_batch_size"] // setup.config["num_generations"]
+    prompts_per_step = (setup.config["per_device_train_batch_size"] * setup.config.get("gradient_accumulation_steps", 1)
+                        // setup.config["num_generations"])
     dataset = prompt_dataset(steps * prompts_per_step, seed)
 
     run_name = f"trl-{key}-seed{seed}"
@@ -1069,7 +1145,7 @@ def run_one(key: str, *, steps: int, seed: int, api: Api, url: str, token: str, 
     try:
         trainer = GRPOTrainer(model=setup.model, reward_funcs=setup.reward_funcs, args=GRPOConfig(**setup.config),
                               train_dataset=dataset, processing_class=tokenizer,
-                              callbacks=[callback, *setup.callbacks])
+                              callbacks=[callback, *setup.callbacks], optimizers=setup.optimizers)
     except ValueError as exc:  # TRL refuses the setting: that is the finding
         return {**entry, "refused": f"{type(exc).__name__}: {exc}"}
     for hook in setup.on_trainer:

@@ -262,6 +262,11 @@ SYNC_FLOOR_BAND = 0.1  # "at the floor": within this share of the floor-to-top r
 #: rounding of log-probabilities (~1e-7), not a stale copy (a periodic pattern there is the
 #: batching's, seen in an in-engine run at 4e-8 to 2e-7).
 SYNC_MIN_AMPLITUDE = 1e-5
+#: Chosen: a run whose top is this many times its floor resets to rounding at each sync (an exact
+#: copy of the weights, as an engine without a rollout precision gap makes); its floor band is then
+#: read on a log scale, ``SYNC_EXACT_BAND`` of the decades from floor to top.
+SYNC_EXACT_RATIO = 1e3
+SYNC_EXACT_BAND = 0.25
 
 
 def floor_returns(v: np.ndarray) -> np.ndarray:
@@ -275,7 +280,14 @@ def floor_returns(v: np.ndarray) -> np.ndarray:
     top = float(np.quantile(v, SYNC_TOP_QUANTILE))
     if top - floor < SYNC_MIN_AMPLITUDE:
         return np.zeros(0, dtype=np.int64)
-    low = v <= floor + SYNC_FLOOR_BAND * (top - floor)
+    if floor > 0 and top >= SYNC_EXACT_RATIO * floor:
+        # An exact copy: a fresh sync puts the discrepancy at float rounding, orders of magnitude
+        # under anything between syncs, where a signed estimate read by its size passes far closer
+        # to 0 than the top yet stays far above the floor; a band in linear units would count
+        # those passes as syncs.
+        low = np.log(np.maximum(v, floor)) <= math.log(floor) + SYNC_EXACT_BAND * math.log(top / floor)
+    else:
+        low = v <= floor + SYNC_FLOOR_BAND * (top - floor)
     return np.flatnonzero(low[1:] & ~low[:-1]) + 1
 
 

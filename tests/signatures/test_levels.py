@@ -361,6 +361,40 @@ def test_a_signed_k1_discrepancy_is_read_by_its_size():
     assert finding.value == 6 and finding.supports == ("stale_weight_sync",)
 
 
+def _exact_sync_k1(period: int, seed: int, *, syncs: bool = True) -> np.ndarray:
+    """A signed k1 discrepancy of a rollout engine that is an exact copy at each sync: rounding
+    (1e-9) at a sync, then an estimate whose size grows with the steps since it and whose noise
+    crosses 0 now and then (OpenRLHF's vllm_kl of an engine without a precision gap)."""
+    rng = np.random.default_rng(seed)
+    since = np.arange(N) % period if syncs else np.ones(N, dtype=np.int64)
+    v = 0.0005 * since / period + since / period * rng.normal(0.0, 0.001, N)
+    v[since == 0] = 1e-9 * rng.choice([-1.0, 1.0], int((since == 0).sum()))
+    if not syncs:
+        v[rng.choice(N, 40, replace=False)] = 1e-9  # rounding at random steps: no period
+    return v
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_exact_sync_is_found_though_the_estimate_passes_near_0_between_syncs(seed):
+    """Between syncs a signed estimate read by its size comes within 1e-5 of 0 far more often than
+    a linear band over a 1e-9 to 3e-3 range can tell from a sync; on a log scale a sync's 1e-9 and
+    those passes are decades apart."""
+    from moeproxy.signatures.levels import SYNC_FLOOR_BAND, sync_period
+
+    v = _exact_sync_k1(6, seed)
+    size = np.abs(v)
+    top = np.quantile(size, 0.9)
+    between = size[np.arange(N) % 6 != 0]
+    assert (between <= SYNC_FLOOR_BAND * top).sum() >= 10  # what a linear band would count as syncs
+    found = sync_period(size)
+    assert found is not None and found.period == 6 and found.first <= 6
+    run = _run({"train/reward": 0.3 + 0.3 * np.arange(N) / N, "train/vllm_kl": v}, "openrlhf")
+    [finding] = [f for f in whole_run_evidence(run) if f.rule == "sync_sawtooth"]
+    assert finding.value == 6 and finding.supports == ("stale_weight_sync",)
+    # Rounding at random steps of the same run is no sync.
+    assert sync_period(np.abs(_exact_sync_k1(6, seed, syncs=False))) is None
+
+
 def _agreement(level: np.ndarray, seed: int = 0) -> set[str]:
     rng = np.random.default_rng(seed)
     t = np.arange(N)
