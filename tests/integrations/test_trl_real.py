@@ -613,3 +613,31 @@ def test_batch_12s_faults_act_where_they_say(tiny_checkpoint):
 
     setup = trl_runs.Setup(model=None, steps=200, config={})
     assert trl_runs.RUNS["nan_grad_third"].apply(setup) == 67
+
+
+def test_batch_13s_faults_reach_the_trace_as_they_say(sqlite_live_server, tiny_checkpoint, tmp_path):
+    """Batch 13 on the tiny checkpoint through the server for 3 steps (halfway: step 2): a checker
+    that returns None leaves TRL's log from its step on while the format reward goes on; a reference
+    synced to the policy every step gives a KL of exactly 0 while the weights move; an optimizer over
+    a copy moves nothing while the gradient norm is the model's."""
+    none = _run("reward_none_late", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert none["ended"] == "finished" and none["onset"] == 2 and none["label"] == "reward_fault"
+    values = [s["values"] for s in none["trace"]["steps"]]
+    assert "rewards/accuracy_reward/mean" in values[0]
+    assert all("rewards/accuracy_reward/mean" not in v and "rewards/format_reward/mean" in v for v in values[1:])
+    assert [v["reward"] for v in values[1:]] == pytest.approx([v["rewards/format_reward/mean"] for v in values[1:]])
+
+    synced = _run("reference_synced_every_step", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert synced["config"]["sync_ref_model"] is True and synced["config"]["ref_model_mixup_alpha"] == 1.0
+    values = [s["values"] for s in synced["trace"]["steps"]]
+    assert [v["kl"] for v in values] == [0.0, 0.0, 0.0]
+    assert all(v["moeproxy/update_ratio"] > 0 for v in values)
+
+    copy = _run("optimizer_over_a_copy", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert copy["ended"] == "finished" and copy["label"] == "actor_update_omission"
+    values = [s["values"] for s in copy["trace"]["steps"]]
+    assert all(v["grad_norm"] > 0 and v["moeproxy/update_ratio"] == 0.0 for v in values)
+
+    accumulated = _run("healthy_grad_accum", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert accumulated["config"]["gradient_accumulation_steps"] == 2
+    assert [s["step"] for s in accumulated["trace"]["steps"]] == [1, 2, 3]
