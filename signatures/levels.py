@@ -69,7 +69,8 @@ SOURCES: dict[str, str] = {
                       "share of such groups as frac_reward_zero_std",
     "kl-definition": "KL(pi || pi_ref) is 0 exactly when the policy is the reference (the definition): every RL run "
                      "starts at its reference, so a KL that never moves from its first value means no update "
-                     "reached the policy",
+                     "reached the policy, or, where the updates are seen to land, that the KL is not measured "
+                     "against a fixed reference",
     "kl-range": "chosen: a per-token KL to the reference above 1 nat; the healthy GRPO/PPO runs of the public "
                 "reports log values between 1e-3 and 1e-1",
     "sync-period": "a rollout engine that receives the trainer's weights only every N steps samples from weights "
@@ -1077,27 +1078,73 @@ KL_STILL_REL = 1e-5
 KL_STILL_STEPS = 20
 
 
+def _kl_still(run: CanonicalRun) -> tuple[CanonicalSeries, np.ndarray, float, float] | None:
+    """The KL to the reference, its spread and its level, where it stays where it started for the
+    whole run. A KL logged as exactly 0 throughout is a KL that is not computed (no KL term) and
+    counts only where the run's config states a positive KL coefficient: then the term is computed."""
+    got = _values(run, "kl", KL_STILL_STEPS)
+    if got is None:
+        return None
+    s, v = got
+    if not np.any(v) and not (run.settings.kl_coef is not None and run.settings.kl_coef > 0):
+        return None
+    spread = float(np.ptp(v))
+    level = float(np.median(np.abs(v)))
+    if spread > max(KL_STILL_ABS, KL_STILL_REL * level):
+        return None
+    return s, v, spread, level
+
+
+#: Chosen: share of the weight probe's logged steps whose update moved the sampled weights for the
+#: run to count as one whose updates reached the policy (a warm-up's first step at LR 0 moves none).
+WEIGHTS_MOVED_SHARE = 0.9
+
+
+def _weights_moved(run: CanonicalRun) -> float | None:
+    """The median update the weight probe measured (``update_ratio``), where at least
+    ``WEIGHTS_MOVED_SHARE`` of its logged steps moved the weights; None where the run does not log it
+    or its updates did not reach the policy."""
+    u = run.metrics.get("update_ratio")
+    if u is None:
+        return None
+    measured = u.observed & u.finite
+    if measured.sum() < KL_STILL_STEPS or (u.values[measured] > 0).mean() < WEIGHTS_MOVED_SHARE:
+        return None
+    return float(np.median(u.values[measured]))
+
+
 @rule("kl_never_moves")
 def _kl_never_moves(run: CanonicalRun) -> list[Finding]:
     """The KL to the reference stays where it started for the whole run: no update reached the policy
     (every step skipped or dropped from step 0), which a fault present from step 0 shows in no other
-    way a lone run can read. A KL logged as exactly 0 throughout is a KL that is not computed (no KL
-    term), not a policy that never moved, and says nothing, unless the run's config states a
-    positive KL coefficient: then the term is computed, and 0 is the policy still at its reference."""
-    got = _values(run, "kl", KL_STILL_STEPS)
-    if got is None:
+    way a lone run can read. Not where the weight probe saw the updates land (that is
+    ``kl_still_while_weights_move``)."""
+    still = _kl_still(run)
+    if still is None or _weights_moved(run) is not None:
         return []
-    s, v = got
-    if not np.any(v) and not (run.settings.kl_coef is not None and run.settings.kl_coef > 0):
-        return []
-    spread = float(np.ptp(v))
-    level = float(np.median(np.abs(v)))
-    if spread > max(KL_STILL_ABS, KL_STILL_REL * level):
-        return []
+    s, v, spread, level = still
     return [Finding("kl_never_moves", "kl", s.source, spread, KL_STILL_ABS, ("actor_update_omission",),
                     f"{s.source} stays within {spread:.2g} of one value for all {v.size} steps (level "
                     f"{level:.2g}): the policy never left its starting point, so no update reached it",
                     "kl-definition")]
+
+
+@rule("kl_still_while_weights_move")
+def _kl_still_while_weights_move(run: CanonicalRun) -> list[Finding]:
+    """The KL to the reference stays where it started while the weight probe sees every update land:
+    the policy moves and its KL to the reference does not, so the KL term does not measure it against
+    a fixed reference (a reference synced to the policy every step, a KL computed between the policy
+    and itself). Evidence against an omitted update too: the probe saw the updates."""
+    still, moved = _kl_still(run), _weights_moved(run)
+    if still is None or moved is None:
+        return []
+    s, v, spread, level = still
+    return [Finding("kl_still_while_weights_move", "kl", s.source, spread, KL_STILL_ABS, ("kl_misconfiguration",),
+                    f"{s.source} stays within {spread:.2g} of one value for all {v.size} steps (level {level:.2g}) "
+                    f"while the weight probe saw the optimizer move the weights (update ratio median {moved:.2g}): "
+                    "the KL term does not measure the policy against a fixed reference (a reference synced to "
+                    "the policy, a KL of the policy against itself)", "kl-definition",
+                    against=("healthy", "actor_update_omission"))]
 
 
 #: A share of responses cut at the maximum length that a healthy run does not hold for long.

@@ -112,6 +112,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "update_not_applied": 4.0,
     "router_changed_outside_optimizer": 3.0,
     "kl_never_moves": 4.0,
+    "kl_still_while_weights_move": 3.0,
     "kl_coef_negative": 4.0,
     "no_reward_signal": 3.0,
     "reward_stuck": 3.0,

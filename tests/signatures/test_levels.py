@@ -462,6 +462,44 @@ def test_a_kl_of_exactly_0_is_a_policy_that_never_moved_only_where_the_config_co
     assert "kl_never_moves" not in rules(RunSettings()) | rules(RunSettings(kl_coef=0.0))
 
 
+def _still_kl_run(update_ratio: np.ndarray | None, kl: np.ndarray | None = None):
+    """A TRL run whose config states beta 0.04 and whose KL is exactly 0 at every step (or ``kl``),
+    with the weight probe's mean update per step where given."""
+    from moeproxy.signatures.settings import RunSettings
+
+    cols = {**_healthy_trl(), "kl": np.zeros(N) if kl is None else kl}
+    if update_ratio is not None:
+        cols["moeproxy/update_ratio"] = update_ratio
+    run = RunMetrics.from_steps([{"step": k + 1, "values": {m: float(v[k]) for m, v in cols.items()}}
+                                 for k in range(N)], framework="trl")
+    return canonicalise(run, settings=RunSettings(kl_coef=0.04))
+
+
+def test_a_kl_that_stays_still_while_the_probe_sees_the_weights_move_is_a_kl_fault():
+    """A reference synced to the policy every step (trl_runs_13): the updates land, the KL to the
+    reference stays at 0. The probe's figures turn 'no update reached the policy' into 'the KL term
+    does not measure the policy against a fixed reference', and count against an omitted update."""
+    from moeproxy.signatures.matching import WEIGHTS
+
+    moving = np.full(N, 1e-5)
+    moving[0] = 0.0  # a warm-up's first step at LR 0 moves nothing: one step is not the run
+    [finding] = [f for f in whole_run_evidence(_still_kl_run(moving)) if f.rule.startswith("kl_")]
+    assert finding.rule == "kl_still_while_weights_move" and finding.supports == ("kl_misconfiguration",)
+    assert set(finding.against) == {"healthy", "actor_update_omission"}
+    assert WEIGHTS.finding_weights[finding.rule] < WEIGHTS.definitional_weight  # not strong by itself
+    # Without the probe, or where it saw the updates not land, the same KL is a policy that never moved.
+    for probe in (None, np.zeros(N), np.where(np.arange(N) % 2 == 0, 1e-5, 0.0)):
+        rules = {f.rule for f in whole_run_evidence(_still_kl_run(probe))}
+        assert "kl_never_moves" in rules and "kl_still_while_weights_move" not in rules
+
+
+def test_a_kl_that_moves_is_neither_kl_finding_whatever_the_probe_says():
+    probe = np.full(N, 1e-5)
+    assert "kl_still_while_weights_move" in {f.rule for f in whole_run_evidence(_still_kl_run(probe))}
+    moving = _still_kl_run(probe, kl=1e-4 * np.arange(1, N + 1))
+    assert not {f.rule for f in whole_run_evidence(moving)} & {"kl_never_moves", "kl_still_while_weights_move"}
+
+
 def test_a_discrepancy_that_keeps_growing_past_verls_level_is_no_precision_fault():
     """A lower-precision rollout shifts the discrepancy once and holds it; one that keeps growing
     past 0.01 is a copy falling behind, or a routing or kernel error the training makes worse."""
