@@ -790,6 +790,45 @@ def _optimizer_over_a_copy(setup: Setup) -> int:
     return 0
 
 
+# --- batch 14: more of TRL's own surface -----------------------------------------------------------
+
+def _healthy_grad_clip_tight(setup: Setup) -> None:
+    setup.config["max_grad_norm"] = 0.1  # a tenth of transformers' default: clipping on most steps
+
+
+def _reward_weight_flipped(setup: Setup) -> int:
+    # A sign typo in GRPOConfig.reward_weights: the accuracy reward counts against the completion.
+    # TRL logs each function's reward unweighted and the weighted sum as ``reward``.
+    setup.config["reward_weights"] = [-1.0, 1.0]
+    return 0
+
+
+def _beta_times(factor: float) -> Callable[[Setup], int]:
+    def apply(setup: Setup) -> int:
+        setup.config["beta"] *= factor
+        return 0
+
+    return apply
+
+
+def _kl_off_from(share: float) -> Callable[[Setup], int]:
+    def apply(setup: Setup) -> int:
+        # The KL term switched off halfway (a resumed run whose override sets beta to 0): TRL reads
+        # ``trainer.beta`` at every step, and stops computing and logging the KL.
+        trainer: dict[str, Any] = {}
+        setup.on_trainer.append(lambda t: trainer.update(it=t))
+        at = _at(setup, share)
+        setup.callbacks.append(step_flag_callback(at, lambda: setattr(trainer["it"], "beta", 0.0)))
+        return at
+
+    return apply
+
+
+def _lr_x10_cosine(setup: Setup) -> int:
+    _healthy_cosine(setup)
+    return _lr_times(10)(setup)
+
+
 #: Batch 11's wider steps: 4 prompts x 8 completions (the earlier batches: 2 x 4), so that a healthy
 #: run's learning shows (120 steps of a healthy run: accuracy 0.47 -> 0.57, a reward slope of 3.2
 #: standard errors, against 1.7-2.2 at 2 x 4).
@@ -974,6 +1013,16 @@ RUNS: dict[str, RunKind] = {
                                            "before", _reference_synced_every_step),
     "optimizer_over_a_copy": RunKind("actor_update_omission", "GRPOTrainer(optimizers=...) given an AdamW built "
                                      "over a deep copy of the model", _optimizer_over_a_copy),
+    # batch 14: more of TRL's own surface
+    "healthy_again": RunKind("healthy", "nothing injected (batch 14's own seed)", _healthy),
+    "healthy_grad_clip_tight": RunKind("healthy", "nothing injected; max_grad_norm 0.1", _healthy_grad_clip_tight),
+    "reward_weight_flipped": RunKind("reward_fault", "GRPOConfig.reward_weights [-1, 1]: the accuracy reward "
+                                     "weighted -1", _reward_weight_flipped),
+    "beta_x250": RunKind("kl_misconfiguration", "GRPOConfig.beta x250 (10.0)", _beta_times(250)),
+    "kl_off_late": RunKind("kl_misconfiguration", "the trainer's beta set to 0 at step round(0.5 x steps)",
+                           _kl_off_from(0.5)),
+    "lr_x10_cosine": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x10, cosine LR after a 10% warm-up",
+                             _lr_x10_cosine),
 }
 
 #: The runs of batches 2 on, each in ``benchmarks/results/trl_runs_<n>``, each run on a seed of its
@@ -1001,6 +1050,8 @@ LATER_BATCHES: dict[int, tuple[str, ...]] = {
          "nan_grad_third"),
     13: ("healthy_grad_accum", "healthy_warmup_constant", "healthy_bnpo", "reward_none_late",
          "reference_synced_every_step", "optimizer_over_a_copy"),
+    14: ("healthy_again", "healthy_grad_clip_tight", "reward_weight_flipped", "beta_x250", "kl_off_late",
+         "lr_x10_cosine"),
 }
 #: batch -> (its runs, where they go, the first run's seed, whether each run has a seed of its own).
 BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
