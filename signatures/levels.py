@@ -49,6 +49,9 @@ SOURCES: dict[str, str] = {
                   "(GRPOConfig.beta, 'KL coefficient'), verl adds kl_loss_coef * KL to the actor loss "
                   "(or subtracts kl_coef * KL from the reward), OpenRLHF init_kl_coef; a coefficient below 0 "
                   "rewards moving away from the reference (SPEC section 3, kl_misconfiguration: a sign flip)",
+    "kl-recipes": "KL coefficients of the public recipes: 0.04 in DeepSeekMath's GRPO (beta) and TRL's GRPOConfig "
+                  "before its default became 0; verl's GRPO examples actor_rollout_ref.actor.kl_loss_coef=0.001; "
+                  "OpenRLHF's example scripts --init_kl_coef 1e-3; ReaLHF's PPO quickstart ppo.kl_ctl=0.1",
     "healthy-dynamics": "SPEC section 3, healthy: reward rising, entropy falling, KL to the reference growing slowly",
     "config-lr": "a trainer's schedule takes the LR from 0 to the learning rate its config states over the warm-up, "
                  "then decays it (transformers.get_scheduler: get_linear_schedule_with_warmup, "
@@ -647,6 +650,32 @@ def _kl_coef_negative(run: CanonicalRun) -> list[Finding]:
     return [Finding("kl_coef_negative", "actor/kl_coef", name, coef, 0.0, ("kl_misconfiguration",),
                     f"{where} a KL coefficient of {coef:.3g}: below 0 the KL term rewards the policy for leaving "
                     "its reference instead of holding it near", "kl-penalty")]
+
+
+#: 10x the largest coefficient of the recipes (SOURCES["kl-recipes"]: 0.001 to 0.1), chosen: a KL
+#: term this heavy holds the policy at its reference, so the reward's advantage moves it nowhere.
+KL_COEF_FAR_ABOVE_RECIPES = 1.0
+
+
+@rule("kl_coef_level")
+def _kl_coef_level(run: CanonicalRun) -> list[Finding]:
+    """A KL-to-reference coefficient far above every public recipe's, logged or stated by the run's
+    config from step 0: a level, not a schedule (an adaptive controller's coefficient that grows
+    there is read by its largest value too, and such a value is the fault)."""
+    got = _values(run, "actor/kl_coef", 1)
+    if got is not None:
+        s, v = got
+        coef, name, where = float(v.max()), s.source, f"{s.source} reaches"
+    elif run.settings.kl_coef is not None:
+        coef, name, where = run.settings.kl_coef, "config", "the run's config states"
+    else:
+        return []
+    if coef < KL_COEF_FAR_ABOVE_RECIPES:
+        return []
+    return [Finding("kl_coef_level", "actor/kl_coef", name, coef, KL_COEF_FAR_ABOVE_RECIPES, ("kl_misconfiguration",),
+                    f"{where} a KL coefficient of {coef:.3g}, over 10x the largest of the public recipes (0.001 to "
+                    "0.1): a KL term this heavy holds the policy at its reference, so the reward moves it nowhere",
+                    "kl-recipes")]
 
 
 # --- trends against a healthy run ----------------------------------------------------------------

@@ -118,6 +118,7 @@ FINDING_WEIGHTS: dict[str, float] = {
     "reward_stuck": 3.0,
     "reward_component_silent": 3.0,
     "lr_level": 3.0,
+    "kl_coef_level": 3.0,
     "lr_never_reached": 3.0,
     "ratio_spikes": 3.0,
     "rollout_mismatch_level": 2.0,

@@ -641,3 +641,25 @@ def test_batch_13s_faults_reach_the_trace_as_they_say(sqlite_live_server, tiny_c
     accumulated = _run("healthy_grad_accum", sqlite_live_server, tiny_checkpoint, tmp_path)
     assert accumulated["config"]["gradient_accumulation_steps"] == 2
     assert [s["step"] for s in accumulated["trace"]["steps"]] == [1, 2, 3]
+
+
+def test_batch_14s_faults_reach_the_trace_as_they_say(sqlite_live_server, tiny_checkpoint, tmp_path):
+    """Batch 14 on the tiny checkpoint through the server for 3 steps (halfway: step 2): the
+    accuracy reward weighted -1 in the total TRL logs beside its unweighted mean; the trainer's beta
+    set to 0 stops the KL from its step on; beta x250 and LR x10 reach the config the run sends."""
+    flipped = _run("reward_weight_flipped", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert flipped["config"]["reward_weights"] == [-1.0, 1.0]
+    for step in flipped["trace"]["steps"]:
+        v = step["values"]
+        assert v["reward"] == pytest.approx(v["rewards/format_reward/mean"] - v["rewards/accuracy_reward/mean"])
+
+    off = _run("kl_off_late", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert off["onset"] == 2 and off["label"] == "kl_misconfiguration"
+    values = [s["values"] for s in off["trace"]["steps"]]
+    assert "kl" in values[0] and all("kl" not in v for v in values[1:])
+
+    beta = _run("beta_x250", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert beta["config"]["beta"] == pytest.approx(250 * trl_runs.HEALTHY_BETA)
+    lr = _run("lr_x10_cosine", sqlite_live_server, tiny_checkpoint, tmp_path)
+    base = trl_runs.base_config(3, 0, str(tmp_path))["learning_rate"]
+    assert lr["config"]["learning_rate"] == pytest.approx(10 * base) and lr["config"]["lr_scheduler_type"] == "cosine"

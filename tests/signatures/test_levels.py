@@ -446,6 +446,28 @@ def test_a_negative_kl_coefficient_in_the_config_or_the_log_is_a_kl_misconfigura
                                             "verl")
 
 
+def test_a_kl_coefficient_far_above_every_recipe_is_a_kl_misconfiguration():
+    """beta 10 (trl_runs_14): 100x the largest recipe's 0.1 holds the policy at its reference. The
+    recipes' own values (0.001 to 0.1), and half the bar, are no finding."""
+    from moeproxy.signatures.settings import RunSettings
+
+    t = np.arange(N)
+    run = RunMetrics.from_steps([{"step": k + 1, "values": {m: float(v[k]) for m, v in _healthy_trl().items()}}
+                                 for k in range(N)], framework="trl")
+
+    def found(coef):
+        return [f for f in whole_run_evidence(canonicalise(run, settings=RunSettings(kl_coef=coef)))
+                if f.rule == "kl_coef_level"]
+
+    [finding] = found(10.0)
+    assert finding.supports == ("kl_misconfiguration",) and finding.value == 10.0 and "config" in finding.text
+    assert found(1.0) and not any(found(c) for c in (None, 0.0, 0.001, 0.04, 0.1, 0.5, -10.0))
+    # verl logs an adaptive controller's coefficient as actor/kl_coef: read by the largest it reaches.
+    cols = {"critic/score/mean": 0.3 + 0.3 * t / N, "actor/kl_coef": np.where(t < 120, 0.05, 2.0)}
+    assert "kl_coef_level" in _rules(cols, "verl")
+    assert "kl_coef_level" not in _rules({**cols, "actor/kl_coef": np.full(N, 0.05)}, "verl")
+
+
 def test_a_kl_of_exactly_0_is_a_policy_that_never_moved_only_where_the_config_computes_one():
     """TRL logs kl only when beta != 0; an LR of 0 (SPEC: 'LR 0 at first step') leaves it at exactly 0.
     Without a stated coefficient an all-0 KL may be a term that is not computed, and says nothing."""
