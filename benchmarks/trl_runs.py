@@ -829,6 +829,36 @@ def _lr_x10_cosine(setup: Setup) -> int:
     return _lr_times(10)(setup)
 
 
+# --- batch 15: the probe beside faults of other kinds -----------------------------------------------
+
+def _healthy_routers_frozen(setup: Setup) -> None:
+    # Routers kept as they are (a common stabiliser of MoE fine-tuning): only the rest trains.
+    for w in router_gates(setup.model):
+        w.requires_grad_(False)
+
+
+def _healthy_weight_decay(setup: Setup) -> None:
+    setup.config["weight_decay"] = 0.1
+
+
+def _reward_sign_flip_from(share: float) -> Callable[[Setup], int]:
+    def apply(setup: Setup) -> int:
+        broken = {"now": False}
+
+        @functools.wraps(accuracy_reward)
+        def flips(prompts, completions, **kw) -> list[float]:
+            # A sign error that a code change brings in halfway: from then on a right answer costs.
+            right = accuracy_reward(prompts, completions, **kw)
+            return [-r for r in right] if broken["now"] else right
+
+        at = _at(setup, share)
+        setup.reward_funcs = [flips, format_reward]
+        setup.callbacks.append(step_flag_callback(at, lambda: broken.update(now=True)))
+        return at
+
+    return apply
+
+
 #: Batch 11's wider steps: 4 prompts x 8 completions (the earlier batches: 2 x 4), so that a healthy
 #: run's learning shows (120 steps of a healthy run: accuracy 0.47 -> 0.57, a reward slope of 3.2
 #: standard errors, against 1.7-2.2 at 2 x 4).
@@ -1023,6 +1053,14 @@ RUNS: dict[str, RunKind] = {
                            _kl_off_from(0.5)),
     "lr_x10_cosine": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x10, cosine LR after a 10% warm-up",
                              _lr_x10_cosine),
+    # batch 15: the probe beside faults of other kinds (batch 9's two router faults again, now probed)
+    "healthy_routers_frozen": RunKind("healthy", "nothing injected; every mlp.gate.weight requires_grad=False",
+                                      _healthy_routers_frozen),
+    "healthy_weight_decay": RunKind("healthy", "nothing injected; weight_decay 0.1", _healthy_weight_decay),
+    "reward_sign_flip_late": RunKind("reward_fault", "accuracy_reward with its sign flipped from step "
+                                     "round(0.5 x steps)", _reward_sign_flip_from(0.5)),
+    "lr_x30_late": RunKind("lr_misconfiguration", "the LR schedule x30 from step round(0.5 x steps)",
+                           _lr_times_late(30, 0.5)),
 }
 
 #: The runs of batches 2 on, each in ``benchmarks/results/trl_runs_<n>``, each run on a seed of its
@@ -1052,6 +1090,8 @@ LATER_BATCHES: dict[int, tuple[str, ...]] = {
          "reference_synced_every_step", "optimizer_over_a_copy"),
     14: ("healthy_again", "healthy_grad_clip_tight", "reward_weight_flipped", "beta_x250", "kl_off_late",
          "lr_x10_cosine"),
+    15: ("healthy_routers_frozen", "healthy_weight_decay", "reward_sign_flip_late", "lr_x30_late",
+         "router_noise_mild_late", "router_reinit_eighth_mid"),
 }
 #: batch -> (its runs, where they go, the first run's seed, whether each run has a seed of its own).
 BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
