@@ -663,3 +663,19 @@ def test_batch_14s_faults_reach_the_trace_as_they_say(sqlite_live_server, tiny_c
     lr = _run("lr_x10_cosine", sqlite_live_server, tiny_checkpoint, tmp_path)
     base = trl_runs.base_config(3, 0, str(tmp_path))["learning_rate"]
     assert lr["config"]["learning_rate"] == pytest.approx(10 * base) and lr["config"]["lr_scheduler_type"] == "cosine"
+
+
+def test_batch_15s_faults_reach_the_trace_as_they_say(sqlite_live_server, tiny_checkpoint, tmp_path):
+    """Batch 15 on the tiny checkpoint through the server for 3 steps (halfway: step 2): frozen routers
+    leave the probe no router weight to sample; the flipped sign makes every accuracy reward from its
+    step on at most 0; the LR is 30x the schedule's from its step on (through a real AdamW)."""
+    frozen = _run("healthy_routers_frozen", sqlite_live_server, tiny_checkpoint, tmp_path)
+    values = [s["values"] for s in frozen["trace"]["steps"]]
+    assert all(v["moeproxy/update_ratio"] > 0 and "moeproxy/router_outside_change" not in v for v in values)
+
+    flipped = _run("reward_sign_flip_late", sqlite_live_server, tiny_checkpoint, tmp_path)
+    assert flipped["onset"] == 2 and flipped["label"] == "reward_fault"
+    accuracy = [s["values"]["rewards/accuracy_reward/mean"] for s in flipped["trace"]["steps"]]
+    assert accuracy[0] >= 0 and all(a <= 0 for a in accuracy[1:])
+
+    _assert_lr_raised("lr_x30_late", 100, 30.0)
