@@ -16,7 +16,7 @@ The sets:
 - ``trl_runs_2``: 10 more, new variants on seeds of their own, exported with each run's config and
   frozen before their first scoring (benchmarks/results/trl_runs_2, ``trl_runs.py --batch 2``).
 - ``trl_runs_3``: 6 more (``--batch 3``), frozen after the rules written on batch 2 and before
-  their own first scoring; ``trl_runs_4`` to ``trl_runs_12``: 6 more each (``--batch 4`` to ``--batch 12``), the same
+  their own first scoring; ``trl_runs_4`` to ``trl_runs_15``: 6 more each (``--batch 4`` to ``--batch 15``), the same
   way after the batch before.
 - ``public_runs``: 18 real verl and TRL logs other people published, labelled by what their authors
   say (benchmarks/public_runs; 17 healthy): runs the project neither made nor chose.

@@ -79,6 +79,14 @@ what each optimizer step did to the weights (``moeproxy/update_ratio`` ...). Hea
 behind a warm-up from LR 0; every update dropped from a quarter of the run and every third update
 dropped from the first (``actor_update_omission``); the routers round-tripped through bf16 before
 every step from three quarters of the run (``router_corruption``); a NaN gradient at a third.
+Batches 13 to 15 (``--batch 13`` to ``--batch 15``, seeds 240-245, 260-265, 280-285), each frozen
+after the rules written on the batch before and before its own first scoring, all with the probe:
+faults through TRL's own options (a checker returning None from halfway, the reference synced to
+the policy every step, an optimizer built over a copy of the model; ``reward_weights`` [-1, 1],
+``beta`` x250, ``beta`` set to 0 halfway, LR x10 under warm-up and cosine; the accuracy sign flipped
+halfway, the LR x30 from halfway) beside healthy runs under other settings (gradient accumulation,
+a warm-up then constant LR, the bnpo loss, ``max_grad_norm`` 0.1, frozen routers, weight decay), and
+batch 9's two router faults again, now probed.
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as
@@ -736,7 +744,7 @@ def _reward_length(setup: Setup) -> int:
 
 def _healthy_grad_accum(setup: Setup) -> None:
     # Two micro-batches an optimizer step (the usual memory setting): the same 2 prompts x 4
-    # completions a step, half of them a forward.
+    # completions a step, half of them a forward (TRL shuffles the completions between the two).
     setup.config.update(per_device_train_batch_size=4, gradient_accumulation_steps=2)
 
 
@@ -771,8 +779,8 @@ def _reward_none_from(share: float) -> Callable[[Setup], int]:
 
 def _reference_synced_every_step(setup: Setup) -> int:
     # The reference model replaced by the policy after every step (TRL's sync_ref_model with
-    # ref_model_mixup_alpha 1.0 every step): the KL term compares the policy with itself one step
-    # back, so it holds the policy near nothing.
+    # ref_model_mixup_alpha 1.0 every step): when the next step computes the KL, the reference holds
+    # the policy's own weights, so the term is 0 and holds the policy near nothing.
     setup.config.update(sync_ref_model=True, ref_model_mixup_alpha=1.0, ref_model_sync_steps=1)
     return 0
 
@@ -1031,8 +1039,8 @@ RUNS: dict[str, RunKind] = {
                                         "round(0.5 x steps) after the norm was logged; 4 x 8 a step",
                                         _wide(_update_dropped_late)),
     # batch 13: faults through TRL's own surface that no earlier batch tried
-    "healthy_grad_accum": RunKind("healthy", "nothing injected; 2 micro-batches of 1 prompt x 4 completions an "
-                                  "optimizer step (gradient_accumulation_steps 2)", _healthy_grad_accum),
+    "healthy_grad_accum": RunKind("healthy", "nothing injected; gradient_accumulation_steps 2: 2 micro-batches of 4 "
+                                  "completions an optimizer step, 2 prompts x 4 completions in all", _healthy_grad_accum),
     "healthy_warmup_constant": RunKind("healthy", "nothing injected; constant LR after a 10% warm-up",
                                        _healthy_warmup_constant),
     "healthy_bnpo": RunKind("healthy", "nothing injected; loss_type bnpo", _healthy_bnpo),

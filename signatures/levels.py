@@ -284,7 +284,11 @@ def floor_returns(v: np.ndarray) -> np.ndarray:
     top = float(np.quantile(v, SYNC_TOP_QUANTILE))
     if top - floor < SYNC_MIN_AMPLITUDE:
         return np.zeros(0, dtype=np.int64)
-    if floor > 0 and top >= SYNC_EXACT_RATIO * floor:
+    if floor == 0:
+        # A sync that resets it to exactly 0.0: an estimate between syncs lands on 0.0 by no chance,
+        # however near 0 it passes, so the zeros are the syncs.
+        low = v <= 0
+    elif top >= SYNC_EXACT_RATIO * floor:
         # An exact copy: a fresh sync puts the discrepancy at float rounding, orders of magnitude
         # under anything between syncs, where a signed estimate read by its size passes far closer
         # to 0 than the top yet stays far above the floor; a band in linear units would count
@@ -659,17 +663,21 @@ KL_COEF_FAR_ABOVE_RECIPES = 1.0
 
 @rule("kl_coef_level")
 def _kl_coef_level(run: CanonicalRun) -> list[Finding]:
-    """A KL-to-reference coefficient far above every public recipe's, logged or stated by the run's
-    config from step 0: a level, not a schedule (an adaptive controller's coefficient that grows
-    there is read by its largest value too, and such a value is the fault)."""
+    """A KL-to-reference coefficient far above every public recipe's, the largest logged (verl's
+    ``actor/kl_coef``, its ``kl_loss_coef``) or stated by the run's config from step 0: a level, not
+    a schedule. Only for a run that logs the KL to its reference: ``beta`` is also the temperature
+    of preference losses (DPO, SimPO: 2 to 10 there), where no KL term is computed or logged."""
+    if "kl" not in run.metrics:
+        return []
+    candidates: list[tuple[float, str, str]] = []
     got = _values(run, "actor/kl_coef", 1)
     if got is not None:
-        s, v = got
-        coef, name, where = float(v.max()), s.source, f"{s.source} reaches"
-    elif run.settings.kl_coef is not None:
-        coef, name, where = run.settings.kl_coef, "config", "the run's config states"
-    else:
+        candidates.append((float(got[1].max()), got[0].source, f"{got[0].source} reaches"))
+    if run.settings.kl_coef_max is not None:
+        candidates.append((run.settings.kl_coef_max, "config", "the run's config states"))
+    if not candidates:
         return []
+    coef, name, where = max(candidates)
     if coef < KL_COEF_FAR_ABOVE_RECIPES:
         return []
     return [Finding("kl_coef_level", "actor/kl_coef", name, coef, KL_COEF_FAR_ABOVE_RECIPES, ("kl_misconfiguration",),
@@ -1133,13 +1141,10 @@ def _weights_moved(run: CanonicalRun) -> float | None:
     """The median update the weight probe measured (``update_ratio``), where at least
     ``WEIGHTS_MOVED_SHARE`` of its logged steps moved the weights; None where the run does not log it
     or its updates did not reach the policy."""
-    u = run.metrics.get("update_ratio")
-    if u is None:
+    got = _values(run, "update_ratio", KL_STILL_STEPS)
+    if got is None or (got[1] > 0).mean() < WEIGHTS_MOVED_SHARE:
         return None
-    measured = u.observed & u.finite
-    if measured.sum() < KL_STILL_STEPS or (u.values[measured] > 0).mean() < WEIGHTS_MOVED_SHARE:
-        return None
-    return float(np.median(u.values[measured]))
+    return float(np.median(got[1]))
 
 
 @rule("kl_never_moves")

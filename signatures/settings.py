@@ -30,6 +30,7 @@ from typing import Any
 class RunSettings:
     lora: bool = False  # the policy trains low-rank adapters (LoRA/QLoRA), not its own weights
     kl_coef: float | None = None  # the KL-to-reference coefficient the config states (None: none)
+    kl_coef_max: float | None = None  # the largest, where it states several (a term too heavy)
     learning_rate: float | None = None  # the policy's learning rate the config states (None: none)
 
 
@@ -91,7 +92,8 @@ def _switched_off(node: Mapping[str, Any]) -> bool:
 def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
     """The settings a run's ``config`` states (any nesting); the defaults where it says nothing.
     Where it names several KL coefficients (verl's loss term and its reward penalty), the lowest
-    is kept: a negative one is the misconfiguration whichever term it sits in. A coefficient whose
+    is kept, a negative one being the misconfiguration whichever term it sits in, and the largest
+    beside it, a term far too heavy being one too. A coefficient whose
     term the config switches off (:data:`KL_SWITCHES`, in its section or one above) is not read."""
     stack: list[tuple[Any, int, frozenset[str], bool]] = [(config, 0, frozenset(), False)]
     seen = 0
@@ -120,4 +122,5 @@ def settings_from_config(config: Mapping[str, Any] | None) -> RunSettings:
     # Several learning rates (a config dumped with its defaults beside the run's): the lowest, so an
     # LR judged too small against it is too small against every one of them.
     return RunSettings(lora=lora, kl_coef=min(kl_coefs) if kl_coefs else None,
+                       kl_coef_max=max(kl_coefs) if kl_coefs else None,
                        learning_rate=min(lrs) if lrs else None)

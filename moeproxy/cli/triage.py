@@ -119,8 +119,8 @@ def triage_command(
         "fine-tuning's (a run of the service says so in its config).")),
     kl_coef: float | None = typer.Option(None, "--kl-coef", help=(
         "The run's KL-to-reference coefficient (TRL's beta, verl's kl_loss_coef, OpenRLHF's init_kl_coef) "
-        "when the file does not log it; below 0 is a kl_misconfiguration (a run of the service says so in "
-        "its config).")),
+        "when the file does not log it; below 0, or at 1.0 and above, is a kl_misconfiguration (a run of the "
+        "service says so in its config).")),
     learning_rate: float | None = typer.Option(None, "--learning-rate", min=0.0, help=(
         "The policy's learning rate as configured (the value after the warm-up) when the file carries no "
         "config: a logged LR that never reaches a tenth of it is an update omission.")),
@@ -134,7 +134,7 @@ def triage_command(
     if lora:
         settings = replace(settings, lora=True)
     if kl_coef is not None:
-        settings = replace(settings, kl_coef=kl_coef)
+        settings = replace(settings, kl_coef=kl_coef, kl_coef_max=kl_coef)
     if learning_rate is not None:
         settings = replace(settings, learning_rate=learning_rate)
     lib = _load(library)

@@ -361,14 +361,14 @@ def test_a_signed_k1_discrepancy_is_read_by_its_size():
     assert finding.value == 6 and finding.supports == ("stale_weight_sync",)
 
 
-def _exact_sync_k1(period: int, seed: int, *, syncs: bool = True) -> np.ndarray:
+def _exact_sync_k1(period: int, seed: int, *, syncs: bool = True, at_sync: float = 1e-9) -> np.ndarray:
     """A signed k1 discrepancy of a rollout engine that is an exact copy at each sync: rounding
     (1e-9) at a sync, then an estimate whose size grows with the steps since it and whose noise
     crosses 0 now and then (OpenRLHF's vllm_kl of an engine without a precision gap)."""
     rng = np.random.default_rng(seed)
     since = np.arange(N) % period if syncs else np.ones(N, dtype=np.int64)
     v = 0.0005 * since / period + since / period * rng.normal(0.0, 0.001, N)
-    v[since == 0] = 1e-9 * rng.choice([-1.0, 1.0], int((since == 0).sum()))
+    v[since == 0] = at_sync * rng.choice([-1.0, 1.0], int((since == 0).sum()))
     if not syncs:
         v[rng.choice(N, 40, replace=False)] = 1e-9  # rounding at random steps: no period
     return v
@@ -393,6 +393,9 @@ def test_an_exact_sync_is_found_though_the_estimate_passes_near_0_between_syncs(
     assert finding.value == 6 and finding.supports == ("stale_weight_sync",)
     # Rounding at random steps of the same run is no sync.
     assert sync_period(np.abs(_exact_sync_k1(6, seed, syncs=False))) is None
+    # A sync that resets the estimate to exactly 0.0: the smallest value above 0 stands for the floor.
+    zero = sync_period(np.abs(_exact_sync_k1(6, seed, at_sync=0.0)))
+    assert zero is not None and zero.period == 6
 
 
 def _agreement(level: np.ndarray, seed: int = 0) -> set[str]:
@@ -449,23 +452,33 @@ def test_a_negative_kl_coefficient_in_the_config_or_the_log_is_a_kl_misconfigura
 def test_a_kl_coefficient_far_above_every_recipe_is_a_kl_misconfiguration():
     """beta 10 (trl_runs_14): 100x the largest recipe's 0.1 holds the policy at its reference. The
     recipes' own values (0.001 to 0.1), and half the bar, are no finding."""
-    from moeproxy.signatures.settings import RunSettings
+    from moeproxy.signatures.settings import settings_from_config
 
     t = np.arange(N)
-    run = RunMetrics.from_steps([{"step": k + 1, "values": {m: float(v[k]) for m, v in _healthy_trl().items()}}
+    cols = _healthy_trl()
+    run = RunMetrics.from_steps([{"step": k + 1, "values": {m: float(v[k]) for m, v in cols.items()}}
                                  for k in range(N)], framework="trl")
 
-    def found(coef):
-        return [f for f in whole_run_evidence(canonicalise(run, settings=RunSettings(kl_coef=coef)))
+    def found(config, of=run):
+        return [f for f in whole_run_evidence(canonicalise(of, settings=settings_from_config(config)))
                 if f.rule == "kl_coef_level"]
 
-    [finding] = found(10.0)
+    [finding] = found({"training_args": {"beta": 10.0}})
     assert finding.supports == ("kl_misconfiguration",) and finding.value == 10.0 and "config" in finding.text
-    assert found(1.0) and not any(found(c) for c in (None, 0.0, 0.001, 0.04, 0.1, 0.5, -10.0))
-    # verl logs an adaptive controller's coefficient as actor/kl_coef: read by the largest it reaches.
-    cols = {"critic/score/mean": 0.3 + 0.3 * t / N, "actor/kl_coef": np.where(t < 120, 0.05, 2.0)}
-    assert "kl_coef_level" in _rules(cols, "verl")
-    assert "kl_coef_level" not in _rules({**cols, "actor/kl_coef": np.full(N, 0.05)}, "verl")
+    assert found({"training_args": {"beta": 1.0}})
+    assert not any(found(c) for c in (None, *({"training_args": {"beta": b}} for b in (0.0, 0.001, 0.04, 0.1, 0.5,
+                                                                                        -10.0))))
+    # verl's loss term far too heavy beside a recipe's reward penalty: the heavier one is read.
+    assert found({"actor": {"kl_loss_coef": 5.0}, "algorithm": {"kl_ctrl": {"kl_coef": 0.001}}})
+    # beta is also a preference loss's temperature (SimPO: 2 to 10): a run that logs no KL has no KL term.
+    no_kl = RunMetrics.from_steps([{"step": k + 1, "values": {m: float(v[k]) for m, v in cols.items() if m != "kl"}}
+                                   for k in range(N)], framework="trl")
+    assert not found({"training_args": {"beta": 10.0}}, no_kl)
+    # verl logs its kl_loss_coef as actor/kl_coef: read by the largest value it logs.
+    logged = {"critic/score/mean": 0.3 + 0.3 * t / N, "actor/kl_loss": 0.001 + 0.01 * t / N,
+              "actor/kl_coef": np.where(t < 120, 0.05, 2.0)}
+    assert "kl_coef_level" in _rules(logged, "verl")
+    assert "kl_coef_level" not in _rules({**logged, "actor/kl_coef": np.full(N, 0.05)}, "verl")
 
 
 def test_a_kl_of_exactly_0_is_a_policy_that_never_moved_only_where_the_config_computes_one():

@@ -179,8 +179,8 @@ def test_a_run_whose_config_says_lora_has_its_lr_read_against_loras_range(ui_cli
         assert ui_client.post(f"/api/v1/runs/{run_id}/metrics", json=body, headers=auth()).status_code == 200
         details = ui_client.get(f"/api/v1/runs/{run_id}/triage?details=true", headers=auth()).json()["details"]
         found[name] = (details["settings"], {f["rule"] for f in details["findings"]})
-    assert found["full"][0] == {"lora": False, "kl_coef": None, "learning_rate": None} and "lr_level" in found["full"][1]
-    assert found["lora"][0] == {"lora": True, "kl_coef": None, "learning_rate": None}
+    assert found["full"][0] == {"lora": False, "kl_coef": None, "kl_coef_max": None, "learning_rate": None} and "lr_level" in found["full"][1]
+    assert found["lora"][0] == {"lora": True, "kl_coef": None, "kl_coef_max": None, "learning_rate": None}
     assert "lr_level" not in found["lora"][1]
 
 
