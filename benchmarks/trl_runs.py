@@ -1101,6 +1101,9 @@ LATER_BATCHES: dict[int, tuple[str, ...]] = {
     15: ("healthy_routers_frozen", "healthy_weight_decay", "reward_sign_flip_late", "lr_x30_late",
          "router_noise_mild_late", "router_reinit_eighth_mid"),
 }
+#: Kinds a later batch runs again on purpose, by batch: every other run of a batch is new. Batch 15
+#: runs batch 9's two router faults, which batch 9 read ``healthy``, again with the weight probe.
+REPEATED: dict[int, tuple[str, ...]] = {15: ("router_noise_mild_late", "router_reinit_eighth_mid")}
 #: batch -> (its runs, where they go, the first run's seed, whether each run has a seed of its own).
 BATCHES: dict[str, tuple[tuple[str, ...], Path, int, bool]] = {
     "1": (("healthy", "healthy_warmup", "lr_x100", "reward_zero", "negative_beta", "frozen", "nan_grad"),

@@ -396,13 +396,15 @@ def test_batch_9s_milder_faults_act_where_they_say(tiny_checkpoint):
 def test_batch_2_runs_on_seeds_of_their_own_into_its_directory(tmp_path, capsys):
     keys, out, _first, own = trl_runs.BATCHES["2"]
     assert own and out.name == "trl_runs_2" and len(set(keys)) == len(keys)
-    # Every later batch: runs of its own, in a directory of its own, on seeds after the last batch's.
+    # Every later batch: runs of its own (but the kinds it repeats on purpose, each from an earlier
+    # batch), in a directory of its own, on seeds after the last batch's.
     seen, last_seed = set(trl_runs.BATCHES["1"][0]), -1
     for batch in sorted(trl_runs.BATCHES, key=int):
         runs, where, first_seed, _ = trl_runs.BATCHES[batch]
+        again = set(trl_runs.REPEATED.get(int(batch), ()))
         if batch != "1":
             assert where.name == f"trl_runs_{batch}" and first_seed > last_seed, batch
-            assert not set(runs) & seen, batch
+            assert not (set(runs) - again) & seen and again <= seen & set(runs), batch
         seen |= set(runs)
         last_seed = first_seed + len(runs) - 1
     for key in keys:  # all done: nothing is started
