@@ -867,6 +867,32 @@ def _reward_sign_flip_from(share: float) -> Callable[[Setup], int]:
     return apply
 
 
+# --- batch 16: more settings and reward bugs -------------------------------------------------------
+
+def _healthy_top_k(setup: Setup) -> None:
+    setup.config["top_k"] = 20
+
+
+def _healthy_temperature_low(setup: Setup) -> None:
+    setup.config["temperature"] = 0.7
+
+
+def _reward_of_the_previous_call(setup: Setup) -> int:
+    last: dict[str, list[float]] = {}
+
+    @functools.wraps(accuracy_reward)
+    def one_call_behind(prompts, completions, **kw) -> list[float]:
+        # A stateful checker that hands back the scores it computed for the previous batch (a
+        # cached or queued result read one call late): each completion gets another one's reward.
+        now = accuracy_reward(prompts, completions, **kw)
+        before = last.get("scores", [0.0] * len(now))
+        last["scores"] = now
+        return before if len(before) == len(now) else [0.0] * len(now)
+
+    setup.reward_funcs = [one_call_behind, format_reward]
+    return 0
+
+
 #: Batch 11's wider steps: 4 prompts x 8 completions (the earlier batches: 2 x 4), so that a healthy
 #: run's learning shows (120 steps of a healthy run: accuracy 0.47 -> 0.57, a reward slope of 3.2
 #: standard errors, against 1.7-2.2 at 2 x 4).
@@ -1069,6 +1095,17 @@ RUNS: dict[str, RunKind] = {
                                      "round(0.5 x steps)", _reward_sign_flip_from(0.5)),
     "lr_x30_late": RunKind("lr_misconfiguration", "the LR schedule x30 from step round(0.5 x steps)",
                            _lr_times_late(30, 0.5)),
+    # batch 16: more settings and reward bugs
+    "healthy_top_k": RunKind("healthy", "nothing injected; top_k 20", _healthy_top_k),
+    "healthy_temperature_low": RunKind("healthy", "nothing injected; temperature 0.7", _healthy_temperature_low),
+    "lr_zero_late": RunKind("actor_update_omission", "the LR schedule x0 from step round(0.5 x steps): a run "
+                            "resumed with a scheduler already at its end", _lr_times_late(0.0, 0.5)),
+    "reward_previous_call": RunKind("reward_fault", "accuracy_reward returns the scores of its previous call",
+                                    _reward_of_the_previous_call),
+    "lr_x1000_late": RunKind("lr_misconfiguration", "the LR schedule x1000 from step round(0.5 x steps)",
+                             _lr_times_late(1000, 0.5)),
+    "nan_router_grad_late": RunKind("gradient_overflow", "NaN gradient in every MoE router at step "
+                                    "round(0.75 x steps)", _nan_grad_at(0.75, weights=router_gates)),
 }
 
 #: The runs of batches 2 on, each in ``benchmarks/results/trl_runs_<n>``, each run on a seed of its
@@ -1100,6 +1137,8 @@ LATER_BATCHES: dict[int, tuple[str, ...]] = {
          "lr_x10_cosine"),
     15: ("healthy_routers_frozen", "healthy_weight_decay", "reward_sign_flip_late", "lr_x30_late",
          "router_noise_mild_late", "router_reinit_eighth_mid"),
+    16: ("healthy_top_k", "healthy_temperature_low", "lr_zero_late", "reward_previous_call", "lr_x1000_late",
+         "nan_router_grad_late"),
 }
 #: Kinds a later batch runs again on purpose, by batch: every other run of a batch is new. Batch 15
 #: runs batch 9's two router faults, which batch 9 read ``healthy``, again with the weight probe.
