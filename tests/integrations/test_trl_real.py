@@ -681,3 +681,32 @@ def test_batch_15s_faults_reach_the_trace_as_they_say(sqlite_live_server, tiny_c
     assert accuracy[0] >= 0 and all(a <= 0 for a in accuracy[1:])
 
     _assert_lr_raised("lr_x30_late", 100, 30.0)
+
+
+def test_batch_16s_faults_act_where_they_say():
+    """Batch 16 through a real AdamW and the real checker: the LR x0 and x1000 from step 100; the
+    checker one call behind (its first call all 0, each later one the scores of the call before);
+    the router NaN at step 150."""
+    from moeproxy.reproduction.formats import get_format
+    from moeproxy.reproduction.tasks import format_prompt, make_split
+
+    _assert_lr_raised("lr_zero_late", 100, 0.0)
+    _assert_lr_raised("lr_x1000_late", 100, 1000.0)
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["reward_previous_call"].apply(setup) == 0
+    behind = setup.reward_funcs[0]
+    assert behind.__name__ == "accuracy_reward"
+    examples = make_split("train", 2, seed=0)
+    right = [get_format("reasoning").target(e) for e in examples]
+
+    def call(completions):
+        return behind([format_prompt(e) for e in examples], completions, task=[e.task for e in examples],
+                      answer=[e.answer for e in examples])
+
+    assert call(right) == [0.0, 0.0]  # nothing scored before the first call
+    assert call(["wrong", "wrong"]) == [1.0, 1.0]  # the right answers' scores, one call late
+    assert call(right) == [0.0, 0.0]
+
+    setup = trl_runs.Setup(model=None, steps=200, config={})
+    assert trl_runs.RUNS["nan_router_grad_late"].apply(setup) == 150
