@@ -1,4 +1,4 @@
-"""Diagnosis benchmark v2 (issue 17, item 7): twenty evaluation sets side by side, each beside the
+"""Diagnosis benchmark v2 (issue 17, item 7): twenty-one evaluation sets side by side, each beside the
 one-line NaN rule and a random ranking, every share with its Wilson 95% interval.
 
 The sets:
@@ -16,7 +16,7 @@ The sets:
 - ``trl_runs_2``: 10 more, new variants on seeds of their own, exported with each run's config and
   frozen before their first scoring (benchmarks/results/trl_runs_2, ``trl_runs.py --batch 2``).
 - ``trl_runs_3``: 6 more (``--batch 3``), frozen after the rules written on batch 2 and before
-  their own first scoring; ``trl_runs_4`` to ``trl_runs_15``: 6 more each (``--batch 4`` to ``--batch 15``), the same
+  their own first scoring; ``trl_runs_4`` to ``trl_runs_16``: 6 more each (``--batch 4`` to ``--batch 16``), the same
   way after the batch before.
 - ``public_runs``: 18 real verl and TRL logs other people published, labelled by what their authors
   say (benchmarks/public_runs; 17 healthy): runs the project neither made nor chose.
@@ -33,7 +33,7 @@ Stages (each reuses what is on disk; stop and start again at will):
 2. ``export``: write each reference's finished runs as a labelled set (``labels.json``,
    ``traces/<id>.jsonl``, ``MANIFEST.sha256``) under ``benchmarks/heldout/<set>/``. A set that already
    has a manifest is frozen: export refuses to change it. Commit the sets before ``evaluate``.
-3. ``evaluate``: score the twenty sets (``benchmarks/evalsets.py``, each scoring appended to
+3. ``evaluate``: score the twenty-one sets (``benchmarks/evalsets.py``, each scoring appended to
    ``benchmarks/results/field-scores.jsonl``), the left-out-class weak rate on the in-engine sets
    (each fault run triaged with its class removed from the library: the share answered ``weak``), and
    print the markdown table docs/benchmarks.md carries. Writes ``benchmarks/results/diagnosis_v2.json``.
@@ -64,8 +64,8 @@ import evalsets  # the scorer of every labelled set (found through the path abov
 
 #: set name -> reference model of the in-engine held-out sets.
 REFERENCES: dict[str, str] = {"heldout-qwen3": "qwen3-moe-64e-rl", "heldout-deepseek": "deepseek-v3-64e-rl"}
-#: The real TRL batches, in the order they were frozen (trl_runs.py --batch 1 to 15).
-TRL_SETS: tuple[str, ...] = ("trl_runs",) + tuple(f"trl_runs_{k}" for k in range(2, 16))
+#: The real TRL batches, in the order they were frozen (trl_runs.py --batch 1 to 16).
+TRL_SETS: tuple[str, ...] = ("trl_runs",) + tuple(f"trl_runs_{k}" for k in range(2, 17))
 FIELD_SETS: dict[str, Path] = {"field": ROOT / "benchmarks" / "field",
                                **{name: ROOT / "benchmarks" / "results" / name for name in TRL_SETS},
                                "public_runs": ROOT / "benchmarks" / "public_runs",
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1, help="heldout: runs side by side, the threads shared")
     ap.add_argument("--log", default=str(ROOT / "benchmarks" / "results" / "field-scores.jsonl"))
-    ap.add_argument("--note", default="diagnosis benchmark v2: twenty sets")
+    ap.add_argument("--note", default="diagnosis benchmark v2: twenty-one sets")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "diagnosis_v2.json"))
     ap.add_argument("--heldout-root", default=str(HELDOUT_ROOT), help="where export writes the sets")
     ap.add_argument("--visibility", default=str(ROOT / "benchmarks" / "results" / "view_visibility.json"),

@@ -86,7 +86,10 @@ the policy every step, an optimizer built over a copy of the model; ``reward_wei
 ``beta`` x250, ``beta`` set to 0 halfway, LR x10 under warm-up and cosine; the accuracy sign flipped
 halfway, the LR x30 from halfway) beside healthy runs under other settings (gradient accumulation,
 a warm-up then constant LR, the bnpo loss, ``max_grad_norm`` 0.1, frozen routers, weight decay), and
-batch 9's two router faults again, now probed.
+batch 9's two router faults again, now probed. Batch 16 (``--batch 16``, seeds 300-305): healthy at
+``top_k`` 20 and at ``temperature`` 0.7; the LR x0 from halfway (a run resumed with its scheduler at
+its end), a checker one call behind, the LR x1000 from halfway, a NaN router gradient at three
+quarters.
 
 Each finished run leaves ``OUT/<run>.json``, the REST ingest body (``{"name", "framework",
 "steps": [{"step", "values"}]}``, and since batch 2 the run's ``config`` as the callback sent it) as

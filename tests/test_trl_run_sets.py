@@ -1,4 +1,4 @@
-"""The real TRL runs (benchmarks/results/trl_runs and trl_runs_2 to trl_runs_15, issue 17 item 6) are
+"""The real TRL runs (benchmarks/results/trl_runs and trl_runs_2 to trl_runs_16, issue 17 item 6) are
 intact and well-formed: each set's files match its MANIFEST.sha256, every label is a class of the
 catalogue with an onset only for a fault, every trace loads under TRL's names, and the traces of
 batches 2 to 7 carry the config the callback sent, which is what triage reads the run's settings from.
@@ -18,7 +18,7 @@ from moeproxy.signatures.canonical import load_config, load_run
 from moeproxy.signatures.settings import settings_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SETS = [ROOT / "benchmarks" / "results" / name for name in ("trl_runs", *(f"trl_runs_{k}" for k in range(2, 16)))]
+SETS = [ROOT / "benchmarks" / "results" / name for name in ("trl_runs", *(f"trl_runs_{k}" for k in range(2, 17)))]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import evalsets
 import trl_runs
@@ -34,7 +34,7 @@ def test_the_set_is_as_frozen(root):
 
 
 def test_the_batches_hold_the_runs_their_registry_names():
-    for batch, root in zip((str(k) for k in range(1, 16)), SETS, strict=True):
+    for batch, root in zip((str(k) for k in range(1, 17)), SETS, strict=True):
         labels = json.loads((root / "labels.json").read_text())
         keys = trl_runs.BATCHES[batch][0]
         assert set(labels) == set(keys)
