@@ -416,21 +416,29 @@ def _frozen_late(setup: Setup) -> int:
     return at
 
 
-def _reward_zero_late(setup: Setup) -> int:
-    broken = {"now": False}
+def _accuracy_broken_from(share: float, broken: Callable[[list[float]], list]) -> Callable[[Setup], int]:
+    """``accuracy_reward`` as it is until step round(share x steps), ``broken(its scores)`` from then
+    on (a checker that a code change or a failing service breaks mid-run)."""
 
-    # functools.wraps keeps the checker's name, which TRL logs the reward under.
-    @functools.wraps(accuracy_reward)
-    def breaks_halfway(prompts, completions, **kw) -> list[float]:
-        # A checker that breaks halfway (a reward service answering its default): 0.0 from then on.
-        if broken["now"]:
-            return [0.0 for _c in completions]
-        return accuracy_reward(prompts, completions, **kw)
+    def apply(setup: Setup) -> int:
+        now = {"broken": False}
 
-    at = _at(setup, 0.5)
-    setup.reward_funcs = [breaks_halfway, format_reward]
-    setup.callbacks.append(step_flag_callback(at, lambda: broken.update(now=True)))
-    return at
+        # functools.wraps keeps the checker's name, which TRL logs the reward under.
+        @functools.wraps(accuracy_reward)
+        def checker(prompts, completions, **kw) -> list:
+            scores = accuracy_reward(prompts, completions, **kw)
+            return broken(scores) if now["broken"] else scores
+
+        at = _at(setup, share)
+        setup.reward_funcs = [checker, format_reward]
+        setup.callbacks.append(step_flag_callback(at, lambda: now.update(broken=True)))
+        return at
+
+    return apply
+
+
+def _zero(scores: list[float]) -> list[float]:
+    return [0.0 for _s in scores]  # a reward service answering its default
 
 
 def _healthy_beta_high(setup: Setup) -> None:
@@ -759,25 +767,10 @@ def _healthy_warmup_constant(setup: Setup) -> None:
     setup.config.update(lr_scheduler_type="constant_with_warmup", warmup_steps=0.1)
 
 
-def _reward_none_from(share: float) -> Callable[[Setup], int]:
-    def apply(setup: Setup) -> int:
-        broken = {"now": False}
-
-        @functools.wraps(accuracy_reward)
-        def stops_answering(prompts, completions, **kw) -> list[float | None]:
-            # A checker that stops answering (a judge service timing out behind a wrapper that
-            # returns None, which TRL reads as "this reward does not apply to the sample"): TRL
-            # leaves it out of the sum, and the format reward alone trains from then on.
-            if broken["now"]:
-                return [None for _c in completions]
-            return accuracy_reward(prompts, completions, **kw)
-
-        at = _at(setup, share)
-        setup.reward_funcs = [stops_answering, format_reward]
-        setup.callbacks.append(step_flag_callback(at, lambda: broken.update(now=True)))
-        return at
-
-    return apply
+def _none(scores: list[float]) -> list[None]:
+    # A judge timing out behind a wrapper that returns None, which TRL reads as "this reward does not
+    # apply to the sample": TRL leaves it out of the sum, and the format reward alone trains.
+    return [None for _s in scores]
 
 
 def _reference_synced_every_step(setup: Setup) -> int:
@@ -852,22 +845,8 @@ def _healthy_weight_decay(setup: Setup) -> None:
     setup.config["weight_decay"] = 0.1
 
 
-def _reward_sign_flip_from(share: float) -> Callable[[Setup], int]:
-    def apply(setup: Setup) -> int:
-        broken = {"now": False}
-
-        @functools.wraps(accuracy_reward)
-        def flips(prompts, completions, **kw) -> list[float]:
-            # A sign error that a code change brings in halfway: from then on a right answer costs.
-            right = accuracy_reward(prompts, completions, **kw)
-            return [-r for r in right] if broken["now"] else right
-
-        at = _at(setup, share)
-        setup.reward_funcs = [flips, format_reward]
-        setup.callbacks.append(step_flag_callback(at, lambda: broken.update(now=True)))
-        return at
-
-    return apply
+def _negated(scores: list[float]) -> list[float]:
+    return [-r for r in scores]  # a sign error that a code change brings in: a right answer costs
 
 
 # --- batch 16: more settings and reward bugs -------------------------------------------------------
@@ -964,7 +943,7 @@ RUNS: dict[str, RunKind] = {
     "frozen_late": RunKind("actor_update_omission", "every parameter frozen at step round(0.5 x steps)",
                            _frozen_late),
     "reward_zero_late": RunKind("reward_fault", "accuracy_reward returns 0.0 from step round(0.5 x steps)",
-                                _reward_zero_late),
+                                _accuracy_broken_from(0.5, _zero)),
     "inf_grad_mid": RunKind("gradient_overflow", "+inf output-layer gradient at step round(0.5 x steps)",
                             _nan_grad_at(0.5, float("inf"))),
     "lr_x30": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x30", _lr_times(30)),
@@ -1074,7 +1053,7 @@ RUNS: dict[str, RunKind] = {
                                        _healthy_warmup_constant),
     "healthy_bnpo": RunKind("healthy", "nothing injected; loss_type bnpo", _healthy_bnpo),
     "reward_none_late": RunKind("reward_fault", "accuracy_reward returns None for every completion from step "
-                                "round(0.5 x steps)", _reward_none_from(0.5)),
+                                "round(0.5 x steps)", _accuracy_broken_from(0.5, _none)),
     "reference_synced_every_step": RunKind("kl_misconfiguration", "sync_ref_model with ref_model_mixup_alpha 1.0 "
                                            "and ref_model_sync_steps 1: the reference is the policy of the step "
                                            "before", _reference_synced_every_step),
@@ -1095,7 +1074,7 @@ RUNS: dict[str, RunKind] = {
                                       _healthy_routers_frozen),
     "healthy_weight_decay": RunKind("healthy", "nothing injected; weight_decay 0.1", _healthy_weight_decay),
     "reward_sign_flip_late": RunKind("reward_fault", "accuracy_reward with its sign flipped from step "
-                                     "round(0.5 x steps)", _reward_sign_flip_from(0.5)),
+                                     "round(0.5 x steps)", _accuracy_broken_from(0.5, _negated)),
     "lr_x30_late": RunKind("lr_misconfiguration", "the LR schedule x30 from step round(0.5 x steps)",
                            _lr_times_late(30, 0.5)),
     # batch 16: more settings and reward bugs
