@@ -699,19 +699,20 @@ def _healthy_clip_narrow(setup: Setup) -> None:
     setup.config["epsilon"] = 0.1  # a narrower trust region than TRL's default 0.2
 
 
-def _negative_beta_late(setup: Setup) -> int:
-    # The KL term's sign flipped halfway (a resumed run whose override negates the coefficient):
-    # from then on the loss pays the policy for moving away from the reference. TRL reads
-    # ``trainer.beta`` at every step, and loaded the reference model because beta was not 0.
-    trainer: dict[str, Any] = {}
-    setup.on_trainer.append(lambda t: trainer.update(it=t))
+def _trainer_beta_from(share: float, beta: Callable[[float], float]) -> Callable[[Setup], int]:
+    """The trainer's ``beta`` set to ``beta(its value)`` at step round(share x steps) (a resumed run
+    whose override changes the coefficient): TRL reads ``trainer.beta`` at every step, and loaded
+    the reference model because beta was not 0 when it was built."""
 
-    def flip() -> None:
-        trainer["it"].beta = -abs(trainer["it"].beta)
+    def apply(setup: Setup) -> int:
+        trainer: dict[str, Any] = {}
+        setup.on_trainer.append(lambda t: trainer.update(it=t))
+        at = _at(setup, share)
+        setup.callbacks.append(step_flag_callback(at, lambda: setattr(trainer["it"], "beta",
+                                                                      beta(trainer["it"].beta))))
+        return at
 
-    at = _at(setup, 0.5)
-    setup.callbacks.append(step_flag_callback(at, flip))
-    return at
+    return apply
 
 
 #: Share of the answer key that is wrong in the label-noise run (one in ten prompts per unit).
@@ -811,19 +812,6 @@ def _beta_times(factor: float) -> Callable[[Setup], int]:
     def apply(setup: Setup) -> int:
         setup.config["beta"] *= factor
         return 0
-
-    return apply
-
-
-def _kl_off_from(share: float) -> Callable[[Setup], int]:
-    def apply(setup: Setup) -> int:
-        # The KL term switched off halfway (a resumed run whose override sets beta to 0): TRL reads
-        # ``trainer.beta`` at every step, and stops computing and logging the KL.
-        trainer: dict[str, Any] = {}
-        setup.on_trainer.append(lambda t: trainer.update(it=t))
-        at = _at(setup, share)
-        setup.callbacks.append(step_flag_callback(at, lambda: setattr(trainer["it"], "beta", 0.0)))
-        return at
 
     return apply
 
@@ -1014,7 +1002,8 @@ RUNS: dict[str, RunKind] = {
     "healthy_lr_double": RunKind("healthy", "nothing injected; GRPOConfig.learning_rate x2", _healthy_lr_double),
     "healthy_clip_narrow": RunKind("healthy", "nothing injected; GRPOConfig.epsilon 0.1", _healthy_clip_narrow),
     "negative_beta_late": RunKind("kl_misconfiguration", "the trainer's beta negated at step round(0.5 x steps)",
-                                  _negative_beta_late),
+                                  # the KL term's sign flipped: the loss pays the policy for leaving its reference
+                                  _trainer_beta_from(0.5, lambda b: -abs(b))),
     "reward_label_noise": RunKind("reward_fault", f"accuracy_reward inverted on the {LABEL_NOISE_TENTHS}0% of prompts "
                                   "whose answer key is wrong (fixed per prompt)", _reward_label_noise),
     "reward_length": RunKind("reward_fault", "accuracy_reward replaced by the completion's length over the limit",
@@ -1066,7 +1055,8 @@ RUNS: dict[str, RunKind] = {
                                      "weighted -1", _reward_weight_flipped),
     "beta_x250": RunKind("kl_misconfiguration", "GRPOConfig.beta x250 (10.0)", _beta_times(250)),
     "kl_off_late": RunKind("kl_misconfiguration", "the trainer's beta set to 0 at step round(0.5 x steps)",
-                           _kl_off_from(0.5)),
+                           # TRL stops computing and logging the KL
+                           _trainer_beta_from(0.5, lambda _b: 0.0)),
     "lr_x10_cosine": RunKind("lr_misconfiguration", "GRPOConfig.learning_rate x10, cosine LR after a 10% warm-up",
                              _lr_x10_cosine),
     # batch 15: the probe beside faults of other kinds (batch 9's two router faults again, now probed)
